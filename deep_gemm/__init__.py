@@ -1,0 +1,74 @@
+"""deep_gemm: DeepGEMM-Ascend's API on numpy arrays, run on CPU cores standing in for Ascend AI cores.
+
+Re-exports only. Names resolve lazily on first use, so ``import deep_gemm`` neither imports numba nor compiles.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {}
+
+
+def _export(module: str, *names: str) -> None:
+    for name in names:
+        _EXPORTS[name] = module
+
+
+# Runtime
+_export(
+    ".runtime",
+    "set_num_ai_cores", "get_num_ai_cores", "set_num_sms", "get_num_sms", "set_npu_arch", "get_npu_arch",
+    "get_arch_spec", "set_mk_alignment_for_contiguous_layout", "get_mk_alignment_for_contiguous_layout",
+    "get_theoretical_mk_alignment_for_contiguous_layout", "use_deterministic_algorithms",
+    "get_deterministic_algorithms", "runtime_scope", "set_dry_run", "get_dry_run", "dry_run",
+)
+
+# FP8/FP4 GEMMs
+_export(
+    ".api.gemm",
+    "fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
+    "fp8_gemm_nt", "fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt",
+    # BF16 GEMMs
+    "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt",
+)
+
+# Reference GEMMs (numpy), the cross-check DeepGEMM-Ascend runs against ACLNN
+_export(
+    ".api.reference",
+    "aclnn_fp8_fp4_gemm_nt", "aclnn_fp8_fp4_gemm_nn", "aclnn_fp8_fp4_gemm_tn", "aclnn_fp8_fp4_gemm_tt",
+    "aclnn_bf16_gemm_nt", "aclnn_bf16_gemm_nn", "aclnn_bf16_gemm_tn", "aclnn_bf16_gemm_tt",
+    "cublaslt_gemm_nt", "cublaslt_gemm_nn", "cublaslt_gemm_tn", "cublaslt_gemm_tt",
+)
+
+# Layout
+_export(
+    ".utils.layout",
+    "transform_sf_into_required_layout", "transform_k_grouped_sf_into_required_layout",
+    "unpack_sf_from_required_layout",
+)
+
+# Chip model
+_export(".estimate", "estimate_gemm", "GemmEstimate")
+
+# Submodules
+_SUBMODULES = ("utils", "testing", "heuristics", "jit", "device", "kernels", "api", "envs", "runtime")
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'deep_gemm' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS) | set(_SUBMODULES))
+
+
+__all__ = sorted(_EXPORTS)

@@ -1,0 +1,62 @@
+"""Every environment variable deep_gemm reads, declared once: name, type, default and meaning.
+
+Read them through the accessors here (never ``os.environ`` elsewhere), so the README table and the code agree.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    kind: type
+    default: object
+    doc: str
+
+    def get(self):
+        raw = os.environ.get(self.name)
+        if raw is None or raw == "":
+            return self.default
+        if self.kind is bool:
+            return raw.strip().lower() not in ("0", "false", "no", "off")
+        if self.kind is int:
+            try:
+                return int(raw)
+            except ValueError as e:
+                raise ValueError(f"{self.name}={raw!r} is not an integer") from e
+        return raw
+
+
+ENV_VARS: dict[str, EnvVar] = {}
+
+
+def _declare(name: str, kind: type, default: object, doc: str) -> EnvVar:
+    var = EnvVar(name, kind, default, doc)
+    ENV_VARS[name] = var
+    return var
+
+
+# JIT
+DG_JIT_CACHE_DIR = _declare(
+    "DG_JIT_CACHE_DIR", str, None,
+    "Kernel cache root; default: jit_cache/ of a writable source checkout, else the user cache directory",
+)
+DG_JIT_DEBUG = _declare(
+    "DG_JIT_DEBUG", int, 0,
+    "JIT log level: 1 cache hits/misses and timings, 2 + configs, 3 + rendered source, 4 + translated source",
+)
+DG_PRINT_CONFIGS = _declare("DG_PRINT_CONFIGS", bool, False, "Print each distinct GEMM problem and its config once")
+DG_JIT_FAST_MATH_SETUP = _declare(
+    "DG_JIT_FAST_MATH_SETUP", bool, True,
+    "Let deep_gemm turn on numba's SLP vectorizer and full-width vectors before its first compile (0 to opt out)",
+)
+DG_TEST_MAX_WORKERS = _declare(
+    "DG_TEST_MAX_WORKERS", int, None, "Worker processes for parallel precompilation (default: CPU count)"
+)
+
+# Runtime defaults
+DG_NPU_ARCH = _declare("DG_NPU_ARCH", str, "950DT", "Default modelled NPU: 950DT, 950PR or 910B2")
+DG_NUM_AI_CORES = _declare("DG_NUM_AI_CORES", int, None, "Default logical AI-core count (default: the arch's count)")

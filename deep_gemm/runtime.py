@@ -1,0 +1,165 @@
+"""Runtime controls that kernels and the cost model read: AI-core count, modelled NPU, contiguous-layout alignment,
+determinism. Process-wide, like DeepGEMM-Ascend's; ``runtime_scope`` sets them for a block and restores them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+from . import envs
+from .heuristics.arch import ArchSpec, get_arch
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+# NOTES: DeepGEMM-Ascend fixes the M/K alignment of contiguous grouped layouts at 256 (its BLOCK_M for M-grouped).
+_MK_ALIGNMENT = 256
+
+
+def _ensure_defaults() -> None:
+    if _state:
+        return
+    arch = get_arch(envs.DG_NPU_ARCH.get())
+    _state["arch"] = arch
+    cores = envs.DG_NUM_AI_CORES.get()
+    _state["num_ai_cores"] = None
+    if cores is not None:
+        _check_cores(cores, arch)
+        _state["num_ai_cores"] = cores
+    _state["mk_alignment"] = _MK_ALIGNMENT
+    _state["deterministic"] = False
+    _state["dry_run"] = False
+
+
+def _check_cores(n: object, arch: ArchSpec) -> int:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"num_ai_cores must be an int, got {type(n).__name__}: {n!r}")
+    if not 0 < n <= arch.num_ai_cores:
+        raise ValueError(f"num_ai_cores={n} must be in [1, {arch.num_ai_cores}] for arch {arch.name}")
+    return n
+
+
+def set_num_ai_cores(num_ai_cores: int) -> None:
+    """Set how many logical AI cores kernels are compiled and launched for (1 .. the arch's count)."""
+    with _lock:
+        _ensure_defaults()
+        _state["num_ai_cores"] = _check_cores(num_ai_cores, _state["arch"])
+
+
+def get_num_ai_cores() -> int:
+    """The logical AI-core count kernels use: the last ``set_num_ai_cores``, else the arch's full count."""
+    with _lock:
+        _ensure_defaults()
+        n = _state["num_ai_cores"]
+        return _state["arch"].num_ai_cores if n is None else n
+
+
+# DeepGEMM's names: an "SM" is an AI core here.
+set_num_sms = set_num_ai_cores
+get_num_sms = get_num_ai_cores
+
+
+def set_npu_arch(arch: str | ArchSpec) -> None:
+    """Select the modelled NPU ("950DT" default, "950PR", "910B2"). A core count above the new arch's is reset."""
+    spec = get_arch(arch)
+    with _lock:
+        _ensure_defaults()
+        _state["arch"] = spec
+        n = _state["num_ai_cores"]
+        if n is not None and n > spec.num_ai_cores:
+            _state["num_ai_cores"] = None
+
+
+def get_npu_arch() -> str:
+    """Name of the modelled NPU."""
+    return get_arch_spec().name
+
+
+def get_arch_spec() -> ArchSpec:
+    """The ``ArchSpec`` of the modelled NPU."""
+    with _lock:
+        _ensure_defaults()
+        return _state["arch"]
+
+
+def set_mk_alignment_for_contiguous_layout(value: int) -> None:
+    """Accepted only at 256, as in DeepGEMM-Ascend (its M-grouped BLOCK_M)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"mk alignment must be an int, got {type(value).__name__}: {value!r}")
+    if value != _MK_ALIGNMENT:
+        raise ValueError(f"mk alignment for contiguous layout is fixed at {_MK_ALIGNMENT} on Ascend, got {value}")
+    with _lock:
+        _ensure_defaults()
+        _state["mk_alignment"] = value
+
+
+def get_mk_alignment_for_contiguous_layout() -> int:
+    with _lock:
+        _ensure_defaults()
+        return _state["mk_alignment"]
+
+
+def get_theoretical_mk_alignment_for_contiguous_layout(expected_m: int | None = None) -> int:
+    """The alignment the kernels need (256 on Ascend whatever ``expected_m``)."""
+    return _MK_ALIGNMENT
+
+
+def use_deterministic_algorithms(enabled: bool = True) -> None:
+    """Store the flag. Every kernel here is deterministic anyway: no split-K, no atomics."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}: {enabled!r}")
+    with _lock:
+        _ensure_defaults()
+        _state["deterministic"] = enabled
+
+
+def get_deterministic_algorithms() -> bool:
+    with _lock:
+        _ensure_defaults()
+        return _state["deterministic"]
+
+
+def set_dry_run(value: bool) -> None:
+    """In dry-run mode GEMM calls validate and compile their kernel but neither launch it nor touch ``d``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"dry_run must be a bool, got {type(value).__name__}: {value!r}")
+    with _lock:
+        _ensure_defaults()
+        _state["dry_run"] = value
+
+
+def get_dry_run() -> bool:
+    with _lock:
+        _ensure_defaults()
+        return _state["dry_run"]
+
+
+@contextlib.contextmanager
+def dry_run() -> Iterator[None]:
+    """``with dry_run():`` compile without launching, then restore the previous mode."""
+    previous = get_dry_run()
+    set_dry_run(True)
+    try:
+        yield
+    finally:
+        set_dry_run(previous)
+
+
+@contextlib.contextmanager
+def runtime_scope(*, num_ai_cores: int | None = None, arch: str | None = None) -> Iterator[None]:
+    """Set the arch and/or core count for a ``with`` block, restoring the previous settings after it."""
+    with _lock:
+        _ensure_defaults()
+        saved = dict(_state)
+    try:
+        if arch is not None:
+            set_npu_arch(arch)
+        if num_ai_cores is not None:
+            set_num_ai_cores(num_ai_cores)
+        yield
+    finally:
+        with _lock:
+            _state.clear()
+            _state.update(saved)
