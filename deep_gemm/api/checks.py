@@ -1,0 +1,185 @@
+"""Argument checks shared by every GEMM entry point: operand kinds, majors read from strides, recipes, outputs.
+
+Everything here only inspects; nothing writes. Each failure raises ValueError/TypeError naming the argument and
+the values that were wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+FP32 = np.dtype(np.float32)
+PACKED_FP4 = np.dtype(np.int8)
+INT16 = np.dtype(np.int16)
+
+OPERAND_KINDS = {FP8: "fp8", PACKED_FP4: "fp4", BF16: "bf16"}
+OUT_KINDS = {BF16: "bf16", FP32: "fp32"}
+
+
+def require_array(x: object, name: str) -> np.ndarray:
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}")
+    return x
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One GEMM operand, logically [MN, K], as the kernels receive it.
+
+    ``gm`` is the physical storage with unit stride on its last axis: [MN, >= K] when K-major, [K, >= MN] when
+    MN-major (packed FP4 halves the contiguous extent). ``kind`` is "fp8", "fp4" or "bf16".
+    """
+
+    name: str
+    array: np.ndarray
+    kind: str
+    major: str  # "k" or "mn"
+    mn: int
+    k: int
+
+    @property
+    def gm(self) -> np.ndarray:
+        phys = self.array if self.major == "k" else self.array.T
+        return phys.view(np.uint16 if self.kind == "bf16" else np.uint8)
+
+
+def contiguous_axis(x: np.ndarray, name: str) -> int:
+    """Which of a 2-D array's axes is unit-stride (1: rows are contiguous, 0: columns are); else ValueError."""
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D, got {x.ndim=} {x.shape=}")
+    rows, cols = x.shape
+    item = x.itemsize
+    s_rows, s_cols = x.strides
+    if x.size == 0:
+        return 1  # NOTES: numpy gives empty arrays arbitrary strides; an empty operand has no layout to check.
+    if any(s < 0 for s in x.strides):
+        raise ValueError(f"{name} has negative strides {x.strides}; pass a copy")
+    # NOTES: the stride of a length-1 axis carries no information, so such an axis counts as unit-stride;
+    # when both qualify (e.g. a [1, 1] array) the last axis wins, as for a C-contiguous array.
+    if (s_cols == item or cols <= 1) and (rows <= 1 or s_rows >= cols * item):
+        return 1
+    if (s_rows == item or rows <= 1) and (cols <= 1 or s_cols >= rows * item):
+        return 0
+    raise ValueError(
+        f"{name} must be contiguous along one of its last two axes with non-overlapping rows: "
+        f"{x.shape=} strides(bytes)={x.strides} itemsize={item}"
+    )
+
+
+def make_operand(x: object, name: str, allowed: tuple[str, ...]) -> Operand:
+    """Inspect an operand in the nt form: logically [MN, K]; K-major if its last axis is unit-stride."""
+    x = require_array(x, name)
+    kind = OPERAND_KINDS.get(x.dtype)
+    if kind is None or kind not in allowed:
+        names = {"fp8": "float8_e4m3fn", "fp4": "int8 (packed FP4)", "bf16": "bfloat16"}
+        raise TypeError(f"{name} has dtype {x.dtype}; expected one of {[names[a] for a in allowed]}")
+    axis = contiguous_axis(x, name)
+    mn, k = x.shape
+    if kind == "fp4":
+        # NOTES: packed FP4 holds two values per byte along the contiguous axis, so that logical extent doubles.
+        if axis == 1:
+            k *= 2
+        else:
+            mn *= 2
+    return Operand(name, x, kind, "k" if axis == 1 else "mn", mn, k)
+
+
+def transposed(x: object) -> object:
+    """``x.T`` for arrays (and None passes through), used by the nn/tn/tt wrappers."""
+    return x.T if isinstance(x, np.ndarray) else x
+
+
+def check_output(d: object, m: int, n: int, c: object) -> tuple[np.ndarray, np.ndarray | None, str]:
+    """D (and C) are [M, N], bf16 or fp32, unit-stride rows; C has D's dtype and shape. Returns (d, c, out_kind)."""
+    d = require_array(d, "d")
+    out_kind = OUT_KINDS.get(d.dtype)
+    if out_kind is None:
+        raise TypeError(f"d has dtype {d.dtype}; expected bfloat16 or float32")
+    if d.ndim != 2 or d.shape != (m, n):
+        raise ValueError(f"d must have shape (m, n) = {(m, n)}, got {d.shape}")
+    if d.size and n > 1 and d.strides[1] != d.itemsize:
+        raise ValueError(f"d must have unit stride along N, got strides(bytes)={d.strides}")
+    if d.size and m > 1 and d.strides[0] < n * d.itemsize:
+        raise ValueError(f"d rows must not overlap: outer stride {d.strides[0]} bytes < n * itemsize = {n * d.itemsize}")
+    if not d.flags.writeable:
+        raise ValueError("d is read-only")
+    if c is not None:
+        c = require_array(c, "c")
+        if c.dtype != d.dtype:
+            raise TypeError(f"c must have d's dtype: {c.dtype=} {d.dtype=}")
+        if c.shape != d.shape:
+            raise ValueError(f"c must have d's shape: {c.shape=} {d.shape=}")
+        if np.shares_memory(c, d) and not same_view(c, d):
+            raise ValueError("c overlaps d without being the same view; pass c=d to accumulate in place")
+    return d, c, out_kind
+
+
+def same_view(x: np.ndarray, y: np.ndarray) -> bool:
+    return (
+        x.shape == y.shape
+        and x.strides == y.strides
+        and x.__array_interface__["data"][0] == y.__array_interface__["data"][0]
+    )
+
+
+def check_no_alias(d: np.ndarray, **inputs: np.ndarray | None) -> None:
+    for name, x in inputs.items():
+        if x is not None and np.shares_memory(d, x):
+            raise ValueError(f"d shares memory with {name}; the output must not alias an input")
+
+
+def check_alpha(alpha: object) -> float:
+    if alpha is None:
+        return 1.0
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):
+        raise TypeError(f"alpha must be a float or None, got {type(alpha).__name__}: {alpha!r}")
+    if not math.isfinite(float(alpha)):
+        raise ValueError(f"alpha must be finite, got {alpha!r}")
+    return float(alpha)
+
+
+def check_compiled_dims(compiled_dims: object) -> str:
+    if not isinstance(compiled_dims, str):
+        raise TypeError(f"compiled_dims must be a str over 'mnk', got {type(compiled_dims).__name__}")
+    if any(ch not in "mnk" for ch in compiled_dims) or len(set(compiled_dims)) != len(compiled_dims):
+        raise ValueError(f"compiled_dims must be distinct letters from 'mnk', got {compiled_dims!r}")
+    return "".join(ch for ch in "mnk" if ch in compiled_dims)
+
+
+def _check_int_tuple(value: object, length: int, name: str) -> tuple[int, ...]:
+    if (
+        not isinstance(value, (tuple, list))
+        or len(value) != length
+        or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value)
+    ):
+        raise ValueError(f"{name} must be a tuple of {length} ints, got {value!r}")
+    if any(v <= 0 for v in value):
+        raise ValueError(f"{name} entries must be positive, got {value!r}")
+    return tuple(int(v) for v in value)
+
+
+def resolve_recipes(recipe: object, recipe_a: object, recipe_b: object) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Per-operand (gran_mn, gran_k). Default MX (1, 1, 32); ``recipe`` and ``recipe_a``/``recipe_b`` exclude
+    each other, and ``recipe_a``/``recipe_b`` come together."""
+    if recipe is not None and (recipe_a is not None or recipe_b is not None):
+        raise ValueError(f"pass either recipe or recipe_a/recipe_b, not both: {recipe=} {recipe_a=} {recipe_b=}")
+    if (recipe_a is None) != (recipe_b is None):
+        raise ValueError(f"recipe_a and recipe_b must be given together: {recipe_a=} {recipe_b=}")
+    if recipe_a is not None:
+        ra = _check_int_tuple(recipe_a, 2, "recipe_a")
+        rb = _check_int_tuple(recipe_b, 2, "recipe_b")
+    else:
+        gm, gn, gk = _check_int_tuple((1, 1, 32) if recipe is None else recipe, 3, "recipe")
+        ra, rb = (gm, gk), (gn, gk)
+    for name, (gran_mn, gran_k) in (("A", ra), ("B", rb)):
+        if gran_k not in (32, 128):
+            raise ValueError(f"gran_k of {name} must be 32 (MX) or 128 (CUDA DeepGEMM recipes), got {gran_k}")
+        if gran_mn & (gran_mn - 1) or gran_mn > 128:
+            raise ValueError(f"gran_mn of {name} must be a power of two in [1, 128], got {gran_mn}")
+    return ra, rb

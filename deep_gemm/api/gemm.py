@@ -1,0 +1,213 @@
+"""Dense GEMM entry points with DeepGEMM-Ascend's names, argument order and defaults.
+
+Each call validates everything, returns early on empty problems, converts scale factors to the required
+int16 UE8M0 layout, and dispatches to a JIT kernel; nothing is written to ``d`` before every check has passed.
+The nn/tn/tt forms are thin wrappers that transpose into the nt form, as upstream.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import runtime
+from ..heuristics.config import GemmConfig
+from ..utils.layout import transform_sf_into_required_layout
+from .checks import (
+    Operand,
+    check_alpha,
+    check_compiled_dims,
+    check_no_alias,
+    check_output,
+    make_operand,
+    require_array,
+    resolve_recipes,
+    transposed,
+)
+
+
+def _split_pair(x: object, name: str) -> tuple[np.ndarray, np.ndarray]:
+    if not isinstance(x, (tuple, list)) or len(x) != 2:
+        raise TypeError(f"{name} must be a (tensor, scale_factors) pair, got {type(x).__name__}")
+    return require_array(x[0], f"{name}[0]"), require_array(x[1], f"{name}[1]")
+
+
+def _required_sf(sf: np.ndarray, op: Operand, gran: tuple[int, int], is_sfa: bool, disable_ue8m0_cast: bool):
+    """The scale factors of ``op`` in the kernel's physical form: C-contiguous int16 [ceil(K/64), MN]."""
+    gran_mn, gran_k = gran
+    recipe = (gran_mn, 1, gran_k) if is_sfa else (1, gran_mn, gran_k)
+    sf_name = "sfa" if is_sfa else "sfb"
+    try:
+        out = transform_sf_into_required_layout(
+            sf, op.mn, op.k, recipe, is_sfa=is_sfa, disable_ue8m0_cast=disable_ue8m0_cast
+        )
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{sf_name}: {e}") from None
+    return np.ascontiguousarray(out.T)
+
+
+def _early_return(d: np.ndarray, c: np.ndarray | None, m: int, n: int, k: int) -> bool:
+    """Upstream's early returns: nothing to do for an empty D; with K == 0, D = C or zeros."""
+    if m == 0 or n == 0:
+        return True
+    if k == 0:
+        if not runtime.get_dry_run():
+            if c is None:
+                d[...] = 0
+            elif c is not d:
+                d[...] = c
+        return True
+    return False
+
+
+def _prepare_accumulation(d: np.ndarray, c: np.ndarray | None) -> bool:
+    """Copy C into D (the kernels accumulate into D, as upstream's host does before launch)."""
+    if c is None:
+        return False
+    if c is not d and not runtime.get_dry_run():
+        np.copyto(d, c)
+    return True
+
+
+def _out_view(d: np.ndarray, out_kind: str) -> np.ndarray:
+    return d.view(np.uint16) if out_kind == "bf16" else d
+
+
+def fp8_fp4_gemm_nt(
+    a: tuple[np.ndarray, np.ndarray],
+    b: tuple[np.ndarray, np.ndarray],
+    d: np.ndarray,
+    c: np.ndarray | None = None,
+    recipe: tuple[int, int, int] | None = None,
+    recipe_a: tuple[int, int] | None = None,
+    recipe_b: tuple[int, int] | None = None,
+    compiled_dims: str = "nk",
+    disable_ue8m0_cast: bool = False,
+    alpha: float | None = None,
+) -> GemmConfig | None:
+    """D = C + alpha * dequant(A) @ dequant(B)^T with fp32 accumulation, on the AI-core stand-in.
+
+    a = (A, sfa): A is float8_e4m3fn [M, K] or packed FP4 int8 [M, K/2] (K-major) / MN-major views;
+    b = (B, sfb) likewise [N, K]. Scale factors: fp32 [MN, ceil(K/gran_k)] exact powers of two, or int16 in the
+    Ascend layout [MN, ceil(K/64)] with strides (1, MN). recipe defaults to MX (1, 1, 32); the CUDA DeepGEMM
+    recipes (1, 128, 128) and (1, 1, 128) are accepted with fp32 scales. d: bfloat16 or float32 [M, N] with
+    unit-stride rows; c: like d, or c=d to accumulate in place. Operand pairs: fp8 x fp8, fp4 x fp4, fp8 x fp4.
+    Returns the kernel's GemmConfig (None on an early return). Reads get_num_ai_cores(), get_npu_arch(),
+    dry-run mode; env DG_JIT_CACHE_DIR, DG_JIT_DEBUG, DG_PRINT_CONFIGS.
+    """
+    # Operand checks
+    a_arr, sfa = _split_pair(a, "a")
+    b_arr, sfb = _split_pair(b, "b")
+    op_a = make_operand(a_arr, "a", ("fp8", "fp4"))
+    op_b = make_operand(b_arr, "b", ("fp8", "fp4"))
+    if (op_a.kind, op_b.kind) == ("fp4", "fp8"):
+        raise TypeError("fp4 A with fp8 B is not supported (as upstream); pass fp8 A with fp4 B instead")
+    if op_a.k != op_b.k:
+        raise ValueError(f"A and B disagree on K: {op_a.k=} {op_b.k=} (a.shape={a_arr.shape}, b.shape={b_arr.shape})")
+    m, n, k = op_a.mn, op_b.mn, op_a.k
+
+    # Output, options and recipes
+    d, c, out_kind = check_output(d, m, n, c)
+    check_no_alias(d, a=a_arr, b=b_arr, sfa=sfa, sfb=sfb)
+    alpha_f = check_alpha(alpha)
+    dims = check_compiled_dims(compiled_dims)
+    if not isinstance(disable_ue8m0_cast, bool):
+        raise TypeError(f"disable_ue8m0_cast must be a bool, got {disable_ue8m0_cast!r}")
+    gran_a, gran_b = resolve_recipes(recipe, recipe_a, recipe_b)
+
+    # Scale factors -> required layout (validates sizes and values; allocates, never writes the inputs)
+    sfa_phys = _required_sf(sfa, op_a, gran_a, True, disable_ue8m0_cast)
+    sfb_phys = _required_sf(sfb, op_b, gran_b, False, disable_ue8m0_cast)
+
+    # Early return
+    if _early_return(d, c, m, n, k):
+        return None
+
+    # Dispatch
+    from ..kernels.fp8_gemm import launch_fp8_gemm
+
+    with_acc = _prepare_accumulation(d, c)
+    return launch_fp8_gemm(
+        op_a.gm, op_a.major, op_a.kind, sfa_phys, op_b.gm, op_b.major, op_b.kind, sfb_phys,
+        _out_view(d, out_kind), m, n, k,
+        with_accumulation=with_acc, alpha=alpha_f, compiled_dims=dims,
+    )
+
+
+def fp8_fp4_gemm_nn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk",
+                    disable_ue8m0_cast=False, alpha=None):
+    """As ``fp8_fp4_gemm_nt`` with B given as [K, N] and its scale factors as [ceil(K/gran_k), N]."""
+    b_arr, sfb = _split_pair(b, "b")
+    return fp8_fp4_gemm_nt(a, (b_arr.T, transposed(sfb)), d, c, recipe, recipe_a, recipe_b, compiled_dims,
+                           disable_ue8m0_cast, alpha)
+
+
+def fp8_fp4_gemm_tn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn",
+                    disable_ue8m0_cast=False, alpha=None):
+    """As ``fp8_fp4_gemm_nt`` with A given as [K, M] and B as [K, N] (scale factors transposed likewise)."""
+    a_arr, sfa = _split_pair(a, "a")
+    b_arr, sfb = _split_pair(b, "b")
+    return fp8_fp4_gemm_nt((a_arr.T, transposed(sfa)), (b_arr.T, transposed(sfb)), d, c, recipe, recipe_a,
+                           recipe_b, compiled_dims, disable_ue8m0_cast, alpha)
+
+
+def fp8_fp4_gemm_tt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn",
+                    disable_ue8m0_cast=False, alpha=None):
+    """As ``fp8_fp4_gemm_nt`` with A given as [K, M] (its scale factors as [ceil(K/gran_k), M])."""
+    a_arr, sfa = _split_pair(a, "a")
+    return fp8_fp4_gemm_nt((a_arr.T, transposed(sfa)), b, d, c, recipe, recipe_a, recipe_b, compiled_dims,
+                           disable_ue8m0_cast, alpha)
+
+
+# DeepGEMM's aliases
+fp8_gemm_nt = fp8_fp4_gemm_nt
+fp8_gemm_nn = fp8_fp4_gemm_nn
+fp8_gemm_tn = fp8_fp4_gemm_tn
+fp8_gemm_tt = fp8_fp4_gemm_tt
+
+
+def bf16_gemm_nt(
+    a: np.ndarray,
+    b: np.ndarray,
+    d: np.ndarray,
+    c: np.ndarray | None = None,
+    compiled_dims: str = "nk",
+    alpha: float | None = None,
+) -> GemmConfig | None:
+    """D = C + alpha * A @ B^T with fp32 accumulation. A: bfloat16 [M, K], B: bfloat16 [N, K] (either major);
+    d: bfloat16 or float32 [M, N]; c like d (or c=d). Returns the kernel's GemmConfig (None on an early return)."""
+    op_a = make_operand(a, "a", ("bf16",))
+    op_b = make_operand(b, "b", ("bf16",))
+    if op_a.k != op_b.k:
+        raise ValueError(f"A and B disagree on K: {op_a.k=} {op_b.k=} (a.shape={a.shape}, b.shape={b.shape})")
+    m, n, k = op_a.mn, op_b.mn, op_a.k
+    d, c, out_kind = check_output(d, m, n, c)
+    check_no_alias(d, a=a, b=b)
+    alpha_f = check_alpha(alpha)
+    dims = check_compiled_dims(compiled_dims)
+
+    if _early_return(d, c, m, n, k):
+        return None
+
+    from ..kernels.bf16_gemm import launch_bf16_gemm
+
+    with_acc = _prepare_accumulation(d, c)
+    return launch_bf16_gemm(
+        op_a.gm, op_a.major, op_b.gm, op_b.major, _out_view(d, out_kind), m, n, k,
+        with_accumulation=with_acc, alpha=alpha_f, compiled_dims=dims,
+    )
+
+
+def bf16_gemm_nn(a, b, d, c=None, compiled_dims="nk", alpha=None):
+    """As ``bf16_gemm_nt`` with B given as [K, N]."""
+    return bf16_gemm_nt(a, transposed(require_array(b, "b")), d, c, compiled_dims, alpha)
+
+
+def bf16_gemm_tn(a, b, d, c=None, compiled_dims="mn", alpha=None):
+    """As ``bf16_gemm_nt`` with A given as [K, M] and B as [K, N]."""
+    return bf16_gemm_nt(transposed(require_array(a, "a")), transposed(require_array(b, "b")), d, c, compiled_dims,
+                        alpha)
+
+
+def bf16_gemm_tt(a, b, d, c=None, compiled_dims="mn", alpha=None):
+    """As ``bf16_gemm_nt`` with A given as [K, M]."""
+    return bf16_gemm_nt(transposed(require_array(a, "a")), b, d, c, compiled_dims, alpha)
