@@ -8,6 +8,8 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
+import numpy as np
+
 from . import envs
 from .heuristics.arch import ArchSpec, get_arch
 
@@ -21,24 +23,21 @@ _MK_ALIGNMENT = 256
 def _ensure_defaults() -> None:
     if _state:
         return
+    # NOTES: build the defaults aside and publish them only once every check passed, so a bad environment
+    # variable fails the same way on every call instead of leaving half-initialised state behind.
     arch = get_arch(envs.DG_NPU_ARCH.get())
-    _state["arch"] = arch
     cores = envs.DG_NUM_AI_CORES.get()
-    _state["num_ai_cores"] = None
     if cores is not None:
         _check_cores(cores, arch)
-        _state["num_ai_cores"] = cores
-    _state["mk_alignment"] = _MK_ALIGNMENT
-    _state["deterministic"] = False
-    _state["dry_run"] = False
+    _state.update(arch=arch, num_ai_cores=cores, mk_alignment=_MK_ALIGNMENT, deterministic=False, dry_run=False)
 
 
 def _check_cores(n: object, arch: ArchSpec) -> int:
-    if isinstance(n, bool) or not isinstance(n, int):
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
         raise TypeError(f"num_ai_cores must be an int, got {type(n).__name__}: {n!r}")
     if not 0 < n <= arch.num_ai_cores:
         raise ValueError(f"num_ai_cores={n} must be in [1, {arch.num_ai_cores}] for arch {arch.name}")
-    return n
+    return int(n)
 
 
 def set_num_ai_cores(num_ai_cores: int) -> None:

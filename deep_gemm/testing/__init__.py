@@ -1,1 +1,23 @@
+"""Testing helpers (public, like DeepGEMM's): metrics, the numpy reference GEMM, CPU timing, test-data generators."""
 
+from .bench import PairedTiming, bench, bench_paired
+from .generators import (
+    FP4_SF_CHOICES,
+    FP8_SF_CHOICES,
+    bf16_operand,
+    fp4_operand,
+    fp8_operand,
+    random_fp4_codes,
+    random_fp8_codes,
+    random_sf,
+)
+from .numeric import assert_bitwise_equal, calc_diff, count_bytes
+from .reference import dequantize_fp4, dequantize_fp8, reference_gemm
+
+__all__ = [
+    "calc_diff", "count_bytes", "assert_bitwise_equal",
+    "dequantize_fp8", "dequantize_fp4", "reference_gemm",
+    "bench", "bench_paired", "PairedTiming",
+    "fp8_operand", "fp4_operand", "bf16_operand", "random_fp8_codes", "random_fp4_codes", "random_sf",
+    "FP8_SF_CHOICES", "FP4_SF_CHOICES",
+]

@@ -1,0 +1,289 @@
+"""Scale factors into the layout the Ascend kernels read: int16 UE8M0 pairs, MN-major, one row per M (or N) index.
+
+An int16 at logical [..., r, p] (physical [..., p, r]) holds the exponent byte of K-block 2p (low byte) and 2p+1
+(high byte, 0 when the K-block count is odd) of row r; a K-block is 32 elements and its scale is 2^(byte - 127).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .math import align, ceil_div
+
+__all__ = [
+    "transform_sf_into_required_layout", "transform_k_grouped_sf_into_required_layout",
+    "unpack_sf_from_required_layout", "is_required_sf_layout",
+]
+
+# NOTES: MX recipe: one scale per 32 K elements; two of them share an int16 (64 K elements per column).
+_SF_BLOCK_K = 32
+_SF_PAIR_K = 64
+# NOTES: grouped layouts align each group's start to 256 rows (M-grouped) or 256 K elements (K-grouped).
+_GROUP_ALIGNMENT = 256
+_MAX_GRAN_MN = 128
+
+
+def _ue8m0_table() -> np.ndarray:
+    table = np.empty(256, dtype=np.float32)
+    table[:255] = np.ldexp(1.0, np.arange(255) - 127)  # byte 0 -> 2^-127 (an fp32 subnormal), exact
+    table[255] = np.nan  # E8M0 0xFF is NaN
+    table.flags.writeable = False
+    return table
+
+
+_UE8M0_TABLE = _ue8m0_table()
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Argument checks
+
+
+def _check_int(name: str, value: object, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {name}={value}")
+    return int(value)
+
+
+def _parse_recipe(recipe: object, is_sfa: bool | None) -> tuple[int, int]:
+    """(gran_mn, gran_k) from a 3-tuple recipe (gran_m of A, gran_n of B, gran_k) or a per-operand 2-tuple."""
+    if not isinstance(recipe, (tuple, list)) or len(recipe) not in (2, 3):
+        raise TypeError(
+            f"recipe must be a 3-tuple (gran_m, gran_n, gran_k) or a 2-tuple (gran_mn, gran_k), got {recipe!r}"
+        )
+    for g in recipe:
+        if isinstance(g, bool) or not isinstance(g, (int, np.integer)):
+            raise TypeError(f"recipe entries must be ints, got {recipe=}")
+    if is_sfa is not None and not isinstance(is_sfa, (bool, np.bool_)):
+        raise TypeError(f"is_sfa must be a bool or None, got {is_sfa!r}")
+    if len(recipe) == 2:
+        gran_mn, gran_k = int(recipe[0]), int(recipe[1])
+    else:
+        if is_sfa is None and recipe[0] != recipe[1]:
+            raise ValueError(f"is_sfa must be given to pick the MN granularity of {recipe=}")
+        gran_mn, gran_k = int(recipe[0] if (is_sfa is None or is_sfa) else recipe[1]), int(recipe[2])
+    if not (1 <= gran_mn <= _MAX_GRAN_MN and gran_mn & (gran_mn - 1) == 0):
+        raise ValueError(f"gran_mn must be a power of two in [1, {_MAX_GRAN_MN}], got {gran_mn=} ({recipe=} {is_sfa=})")
+    if gran_k not in (32, 128):
+        raise ValueError(f"gran_k must be 32 (MX) or 128 (fp32 scales of the CUDA recipes), got {gran_k=} ({recipe=})")
+    return gran_mn, gran_k
+
+
+def _check_sf(
+    sf: object, mn: int, k: int, gran_mn: int, gran_k: int, num_groups: int | None, disable_ue8m0_cast: bool
+) -> np.ndarray:
+    if not isinstance(sf, np.ndarray):
+        raise TypeError(f"sf must be a numpy array, got {type(sf).__name__}")
+    if sf.dtype not in (np.dtype(np.float32), np.dtype(np.int16)):
+        raise TypeError(f"sf must be float32 or int16 (packed UE8M0 pairs), got {sf.dtype=}")
+    if num_groups is None:
+        if sf.ndim != 2:
+            raise ValueError(f"sf must be 2-D (3-D needs num_groups), got {sf.shape=}")
+    else:
+        num_groups = _check_int("num_groups", num_groups, minimum=1)
+        if sf.ndim != 3 or sf.shape[0] != num_groups:
+            raise ValueError(f"sf must be 3-D with {num_groups=} groups, got {sf.shape=}")
+    is_fp32 = sf.dtype == np.float32
+    if is_fp32 and disable_ue8m0_cast:
+        raise ValueError("fp32 sf must be converted into UE8M0 on Ascend: disable_ue8m0_cast=True is not supported")
+    if not is_fp32 and gran_k != _SF_BLOCK_K:
+        raise ValueError(f"int16 sf (packed UE8M0 pairs) requires gran_k=32, got {gran_k=}")
+    expected = (ceil_div(mn, gran_mn), ceil_div(k, gran_k) if is_fp32 else ceil_div(k, _SF_PAIR_K))
+    if sf.shape[-2:] != expected:
+        raise ValueError(
+            f"sf shape {sf.shape} does not match {mn=} {k=} {gran_mn=} {gran_k=} {sf.dtype=}: "
+            f"the last two dims must be {expected}"
+        )
+    return sf
+
+
+def _check_psum(psum_layout: object, limit: int, limit_name: str) -> np.ndarray:
+    psum = np.asarray(psum_layout)
+    if psum.ndim != 1 or psum.size == 0:
+        raise ValueError(f"psum_layout must be a non-empty 1-D array of group ends, got shape {psum.shape}")
+    if psum.dtype.kind not in "iu":
+        raise TypeError(f"psum_layout must hold integers, got {psum.dtype=}")
+    psum = psum.astype(np.int64)
+    prev_end = 0
+    for g, end in enumerate(psum.tolist()):
+        start = align(prev_end, _GROUP_ALIGNMENT)
+        if end < start:
+            raise ValueError(
+                f"psum_layout[{g}]={end} is below its group's start {start} (= align(psum_layout[{g - 1}], 256)); "
+                f"psum_layout={psum.tolist()}"
+                if g
+                else f"psum_layout[0]={end} must be >= 0"
+            )
+        prev_end = end
+    if psum[-1] > limit:
+        raise ValueError(f"psum_layout[-1]={psum[-1]} exceeds {limit_name}={limit}")
+    return psum
+
+
+def _pad_ranges(psum: np.ndarray, unit: int, limit: int) -> list[tuple[int, int]]:
+    """Each group's padding [psum[g], align(psum[g], 256)) in units of ``unit`` elements, clipped to ``limit``."""
+    ranges = []
+    for end in psum.tolist():
+        lo, hi = ceil_div(end, unit), min(align(end, _GROUP_ALIGNMENT) // unit, limit)
+        if lo < hi:
+            ranges.append((lo, hi))
+    return ranges
+
+
+def is_required_sf_layout(sf: object, mn: int, k: int, num_groups: int | None = None) -> bool:
+    """True if ``sf`` is already the kernels' layout: int16 [(G,) mn, ceil(k/64)] with strides (1, mn) elements."""
+    if not isinstance(sf, np.ndarray) or sf.dtype != np.int16:
+        return False
+    lead = () if num_groups is None else (num_groups,)
+    if sf.shape != lead + (mn, ceil_div(k, _SF_PAIR_K)):
+        return False
+    # NOTES: numpy's contiguity flags ignore the strides of length-1 dims, as the kernel's address math does.
+    return bool(np.swapaxes(sf, -1, -2).flags.c_contiguous)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Conversion
+
+
+def _first_bad_fp32(sf: np.ndarray, ignore_rows: list, ignore_cols: list) -> None:
+    bits = sf.view(np.uint32)
+    # NOTES: sign and mantissa bits must be 0 (what the kernel's transform asserts); exponent 0xFF (Inf) would be
+    # the E8M0 NaN byte. +0.0 passes: it encodes byte 0, i.e. 2^-127, exactly as on the chip.
+    bad = ((bits & np.uint32(0x807FFFFF)) != 0) | ((bits >> 23) == 0xFF)
+    if not bad.any():
+        return
+    for lo, hi in ignore_rows:
+        bad[..., lo:hi, :] = False
+    for lo, hi in ignore_cols:
+        bad[..., lo:hi] = False
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        value = sf[idx]
+        raise ValueError(
+            f"fp32 sf must hold exact non-negative powers of two (sign and mantissa bits 0, no Inf/NaN): "
+            f"sf[{', '.join(map(str, idx))}]={float(value)!r} (bits 0x{int(bits[idx]):08x})"
+        )
+
+
+def _to_required(
+    sf: np.ndarray, mn: int, k: int, gran_mn: int, gran_k: int,
+    pad_rows: list[tuple[int, int]], pad_k_blocks: list[tuple[int, int]], pad_k_cols: list[tuple[int, int]],
+) -> np.ndarray:
+    num_blocks, num_pairs = ceil_div(k, _SF_BLOCK_K), ceil_div(k, _SF_PAIR_K)
+    lead = sf.shape[:-2]
+    rows_in = sf.shape[-2]
+
+    # Exponent bytes per (input row, 32-block), zero past the last block
+    exps = np.zeros(lead + (rows_in, 2 * num_pairs), dtype=np.uint8)
+    if sf.dtype == np.float32:
+        _first_bad_fp32(sf, pad_rows, pad_k_cols)
+        exp = (sf.view(np.uint32) >> 23).astype(np.uint8)
+        if gran_k != _SF_BLOCK_K:
+            exp = np.repeat(exp, gran_k // _SF_BLOCK_K, axis=-1)
+        exps[..., :num_blocks] = exp[..., :num_blocks]
+    else:
+        bits = sf.view(np.uint16)
+        exps[..., 0::2] = bits & 0xFF
+        exps[..., 1::2] = bits >> 8
+        exps[..., num_blocks:] = 0  # the high byte of an odd tail carries no block
+
+    # Grouped padding is forced to 0 (its garbage was not validated)
+    for lo, hi in pad_rows:
+        exps[..., lo:hi, :] = 0
+    for lo, hi in pad_k_blocks:
+        exps[..., lo:hi] = 0
+
+    # Pairs: even block in the low byte, odd block in the high byte
+    pairs = exps[..., 0::2].astype(np.uint16) | (exps[..., 1::2].astype(np.uint16) << 8)
+    if gran_mn > 1:
+        pairs = np.repeat(pairs, gran_mn, axis=-2)[..., :mn, :]
+
+    # NOTES: built as C-contiguous [..., pairs, MN] and returned transposed: logical [..., MN, pairs], strides (1, MN)
+    physical = np.ascontiguousarray(np.swapaxes(pairs, -1, -2)).view(np.int16)
+    return np.swapaxes(physical, -1, -2)
+
+
+def transform_sf_into_required_layout(
+    sf: np.ndarray,
+    mn: int,
+    k: int,
+    recipe: tuple[int, int, int] | tuple[int, int],
+    num_groups: int | None = None,
+    is_sfa: bool | None = None,
+    disable_ue8m0_cast: bool = False,
+    psum_layout: np.ndarray | Sequence[int] | None = None,
+) -> np.ndarray:
+    """Scale factors -> the Ascend kernels' layout: int16 [(G,) mn, ceil(k/64)], strides (1, mn) (MN-major).
+
+    sf: fp32 [(G,) ceil(mn/gran_mn), ceil(k/gran_k)] of exact powers of two (gran_k 32, or 128 for the CUDA
+    recipes (1, 128, 128) / (1, 1, 128): each 128-scale then covers four 32-blocks), or int16 packed pairs
+    [(G,) ceil(mn/gran_mn), ceil(k/64)] (gran_k 32). ``recipe`` = (gran_m of A, gran_n of B, gran_k) with
+    ``is_sfa`` choosing the MN granularity (or a 2-tuple (gran_mn, gran_k)); gran_mn > 1 is expanded by repetition.
+    ``psum_layout`` (M-grouped, int [G] cumulative row ends, group starts aligned to 256): padding rows are zeroed
+    and not validated. An int16 input already in the required layout (gran_mn 1) is returned as is; otherwise the
+    result is a new array and ``sf`` is never modified.
+    """
+    # Argument checks
+    mn, k = _check_int("mn", mn), _check_int("k", k)
+    gran_mn, gran_k = _parse_recipe(recipe, is_sfa)
+    sf = _check_sf(sf, mn, k, gran_mn, gran_k, num_groups, disable_ue8m0_cast)
+    pad_rows: list[tuple[int, int]] = []
+    if psum_layout is not None:
+        if num_groups is not None:
+            raise ValueError(f"psum_layout applies to the M-grouped (2-D) sfa; got it with {num_groups=}")
+        psum = _check_psum(psum_layout, mn, "mn")
+        pad_rows = _pad_ranges(psum, gran_mn, sf.shape[-2])
+
+    # Fast path: nothing to convert
+    if gran_mn == 1 and is_required_sf_layout(sf, mn, k, num_groups):
+        if all(not sf[..., lo:hi, :].any() for lo, hi in pad_rows):
+            return sf
+
+    return _to_required(sf, mn, k, gran_mn, gran_k, pad_rows, [], [])
+
+
+def transform_k_grouped_sf_into_required_layout(
+    sf: np.ndarray,
+    mn: int,
+    k: int,
+    recipe: tuple[int, int, int] | tuple[int, int],
+    is_sfa: bool | None,
+    psum_layout: np.ndarray | Sequence[int],
+) -> np.ndarray:
+    """K-grouped scale factors -> int16 [mn, ceil(k/64)], strides (1, mn), like ``transform_sf_into_required_layout``.
+
+    k is the total (padded) K; ``psum_layout`` is int [G], the cumulative K end of each group, group starts aligned
+    to 256. Each group's padding K-blocks [ceil(psum[g]/32), align(psum[g], 256)/32) are zeroed and not validated.
+    """
+    # Argument checks
+    mn, k = _check_int("mn", mn), _check_int("k", k)
+    gran_mn, gran_k = _parse_recipe(recipe, is_sfa)
+    sf = _check_sf(sf, mn, k, gran_mn, gran_k, None, False)
+    if psum_layout is None:
+        raise ValueError("K-grouped scale factors need psum_layout (the cumulative K end of each group)")
+    psum = _check_psum(psum_layout, k, "k")
+    pad_k_blocks = _pad_ranges(psum, _SF_BLOCK_K, ceil_div(k, _SF_BLOCK_K))
+    # NOTES: fp32 columns wholly inside a padding range are skipped by validation; int16 bytes are never validated.
+    pad_k_cols = _pad_ranges(psum, gran_k, sf.shape[-1]) if sf.dtype == np.float32 else []
+    return _to_required(sf, mn, k, gran_mn, gran_k, [], pad_k_blocks, pad_k_cols)
+
+
+def unpack_sf_from_required_layout(sf: np.ndarray, mn: int, k: int) -> np.ndarray:
+    """int16 [..., mn, ceil(k/64)] (any strides) -> fp32 [..., mn, ceil(k/32)]: the scale 2^(byte-127) of each 32-block.
+
+    Byte 0 gives 2^-127, byte 0xFF gives NaN. For tests and debugging.
+    """
+    mn, k = _check_int("mn", mn), _check_int("k", k)
+    if not isinstance(sf, np.ndarray) or sf.dtype != np.int16:
+        raise TypeError(f"sf must be an int16 numpy array, got {getattr(sf, 'dtype', type(sf).__name__)}")
+    num_blocks, num_pairs = ceil_div(k, _SF_BLOCK_K), ceil_div(k, _SF_PAIR_K)
+    if sf.ndim < 2 or sf.shape[-2:] != (mn, num_pairs):
+        raise ValueError(f"sf shape {sf.shape} does not end in ({mn}, {num_pairs}) for {mn=} {k=}")
+    bits = sf.view(np.uint16)
+    exps = np.empty(sf.shape[:-1] + (2 * num_pairs,), dtype=np.uint8)
+    exps[..., 0::2] = bits & 0xFF
+    exps[..., 1::2] = bits >> 8
+    return _UE8M0_TABLE[exps[..., :num_blocks]]
