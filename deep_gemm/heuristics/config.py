@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .arch import ArchSpec
+
 # Operand kinds and their storage bits on the chip.
 DTYPE_BITS = {"bf16": 16, "fp8": 8, "fp4": 4}
 OUT_DTYPE_BYTES = {"bf16": 2, "fp32": 4}
@@ -61,8 +63,8 @@ class GemmConfig:
     num_l1_sf_stages: int = 2
     num_ai_cores: int = 32
     swizzle_group_m: int = 4  # super-rows of M blocks in the tile order
-    # NOTES: "cube" is the tiled GM -> L1 -> L0 -> Mmad path; "stream" is the small-M path that reads each B tile
-    # exactly once and streams it (decode-style M); the stand-in picks it, the chip model treats both as Cube work.
+    # NOTES: "cube" is the tiled GM -> L1 -> L0 -> Mmad path; "stream" is the small-M path (decode-style M): one
+    # M-block covers the rows, A stays resident in L1 when it fits, and each B tile is read exactly once.
     path: str = "cube"
 
     def to_dict(self) -> dict:
@@ -73,9 +75,21 @@ class GemmConfig:
         return {key.upper(): value for key, value in asdict(self).items()}
 
 
+def cube_operand_bits(desc: GemmDesc) -> tuple[int, int]:
+    """Bits per element of A and B as they sit in L1 and L0 on the chip.
+
+    NOTES: for fp8 x fp4 the AIVs decode B to FP8 (UB -> L1) before the Cube sees it, as DeepGEMM-Ascend's
+    dequant kernel does; every other pair keeps its GM format.
+    """
+    a_bits, b_bits = DTYPE_BITS[desc.a_dtype], DTYPE_BITS[desc.b_dtype]
+    if desc.a_dtype == "fp8" and desc.b_dtype == "fp4":
+        b_bits = 8
+    return a_bits, b_bits
+
+
 def buffer_bytes(desc: GemmDesc, config: GemmConfig) -> dict[str, int]:
     """Bytes each on-chip buffer needs under ``config`` (chip layout, chip dtypes), keyed by buffer name."""
-    a_bits, b_bits = DTYPE_BITS[desc.a_dtype], DTYPE_BITS[desc.b_dtype]
+    a_bits, b_bits = cube_operand_bits(desc)
     l1 = config.num_l1_stages * (config.block_m * config.block_k * a_bits + config.block_n * config.block_k * b_bits)
     l1 //= 8
     if desc.has_sf:
@@ -87,3 +101,109 @@ def buffer_bytes(desc: GemmDesc, config: GemmConfig) -> dict[str, int]:
     l0c = config.num_l0c_stages * config.mad_m * config.mad_n * 4
     ub = config.mad_m * config.mad_n * OUT_DTYPE_BYTES[desc.out_dtype]
     return {"L1": l1, "L0A": l0a, "L0B": l0b, "L0C": l0c, "UB": ub}
+
+
+def stream_l1_bytes(desc: GemmDesc, config: GemmConfig, depth: int | None = None) -> int:
+    """L1 bytes of the stream path with A resident: BLOCK_M rows x all of K (``depth``, default ``desc.k``) of A
+    and its scales, plus the B stages and B's scale ring (same arithmetic as ``device.capacity``)."""
+    a_bits, b_bits = cube_operand_bits(desc)
+    k_padded = -(-(desc.k if depth is None else depth) // config.block_k) * config.block_k
+    nbytes = config.block_m * k_padded * a_bits // 8
+    nbytes += config.num_l1_stages * config.block_n * config.block_k * b_bits // 8
+    if desc.has_sf:
+        nbytes += config.block_m * (k_padded // 32)
+        nbytes += config.num_l1_sf_stages * config.block_n * config.sf_k_blocks * config.block_k // 32
+    return nbytes
+
+
+# Operand pairs the Cube accepts (A dtype, B dtype); fp4 x fp8 is rejected as upstream (A is the wider one).
+DTYPE_PAIRS = (("bf16", "bf16"), ("fp8", "fp8"), ("fp8", "fp4"), ("fp4", "fp4"))
+MAJORS = ("k", "mn")
+PATHS = ("cube", "stream")
+# NOTES: DeepGEMM-Ascend caps BLOCK_M/BLOCK_N at 512 (BF16, FP8) and at 256 when an operand is FP4.
+MAX_BLOCK_MN = {"bf16": 512, "fp8": 512, "fp4": 256}
+# M-grouped contiguous layouts align each group to 256 rows and use BLOCK_M 256 (runtime mk alignment).
+M_GROUPED_BLOCK_M = 256
+SF_K_GRANULE = 64  # K elements per packed int16 UE8M0 pair; MX MADs step K in these units
+
+
+def cube_dtype(a_dtype: str, b_dtype: str) -> str:
+    """The dtype whose Cube rate a pair runs at: the wider operand (fp8 x fp4 runs at the FP8 rate)."""
+    return a_dtype if DTYPE_BITS[a_dtype] >= DTYPE_BITS[b_dtype] else b_dtype
+
+
+def k_alignment(desc: GemmDesc) -> int:
+    """K granule (elements) of MAD_K and BLOCK_K: one 32 B fractal row of the narrowest operand, 64 with scales."""
+    narrow_bits = min(DTYPE_BITS[desc.a_dtype], DTYPE_BITS[desc.b_dtype])
+    align = 32 * 8 // narrow_bits
+    return max(align, SF_K_GRANULE) if desc.has_sf else align
+
+
+def mn_alignment(dtype: str, major: str, frac_mn: int = 16) -> int:
+    """M (or N) granule of an operand's MAD tile: 16 rows, or 32 B of elements for an MN-major (transposed) load."""
+    return max(frac_mn, 32 * 8 // DTYPE_BITS[dtype]) if major == "mn" else frac_mn
+
+
+def check_desc(desc: GemmDesc) -> None:
+    """Raise ValueError/TypeError naming the field if ``desc`` is not a GEMM the kernels accept."""
+    for name in ("m", "n", "k", "num_groups", "num_ai_cores"):
+        value = getattr(desc, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
+        if value < 1:
+            raise ValueError(f"{name}={value} must be >= 1")
+    if (desc.a_dtype, desc.b_dtype) not in DTYPE_PAIRS:
+        raise ValueError(
+            f"a_dtype={desc.a_dtype!r} b_dtype={desc.b_dtype!r} is not a supported pair; allowed: {DTYPE_PAIRS}"
+        )
+    if desc.out_dtype not in OUT_DTYPE_BYTES:
+        raise ValueError(f"out_dtype={desc.out_dtype!r}; allowed: {tuple(OUT_DTYPE_BYTES)}")
+    if desc.gemm_type not in GEMM_TYPES:
+        raise ValueError(f"gemm_type={desc.gemm_type!r}; allowed: {GEMM_TYPES}")
+    if desc.gemm_type == "normal" and desc.num_groups != 1:
+        raise ValueError(f"num_groups={desc.num_groups} must be 1 for gemm_type='normal'")
+    if desc.major_a not in MAJORS or desc.major_b not in MAJORS:
+        raise ValueError(f"major_a={desc.major_a!r} major_b={desc.major_b!r}; allowed: {MAJORS}")
+
+
+def config_violations(desc: GemmDesc, config: GemmConfig, arch: ArchSpec) -> list[str]:
+    """Every capacity or alignment rule ``config`` breaks for ``desc`` on ``arch`` (empty list: legal).
+
+    Rules: each buffer of ``buffer_bytes`` fits the arch; MAD M/N multiples of 16 (32 B of elements for an
+    MN-major operand) dividing the block; MAD K a multiple of 32 B of elements (and of 64 with scale factors)
+    dividing BLOCK_K; BLOCK_M x BLOCK_N fp32 fits L0C; at least 2 L1 stages, 2 L0 stages, 2 L0C stages.
+    """
+    c = config
+    bad: list[str] = []
+    capacity = {"L1": arch.l1_bytes, "L0A": arch.l0a_bytes, "L0B": arch.l0b_bytes, "L0C": arch.l0c_bytes,
+                "UB": arch.ub_bytes}
+    for name, used in buffer_bytes(desc, c).items():
+        if used > capacity[name]:
+            bad.append(f"{name} needs {used} B > {capacity[name]} B")
+    if c.block_m * c.block_n * 4 > arch.l0c_bytes:
+        bad.append(f"block_m*block_n*4 = {c.block_m * c.block_n * 4} B > L0C {arch.l0c_bytes} B")
+    am = mn_alignment(desc.a_dtype, desc.major_a, arch.frac_mn)
+    an = mn_alignment(desc.b_dtype, desc.major_b, arch.frac_mn)
+    for name, value, align in (("mad_m", c.mad_m, am), ("mad_n", c.mad_n, an)):
+        if value < align or value % align:
+            bad.append(f"{name}={value} is not a positive multiple of {align}")
+    if c.mad_m and c.block_m % c.mad_m:
+        bad.append(f"block_m={c.block_m} is not a multiple of mad_m={c.mad_m}")
+    if c.mad_n and c.block_n % c.mad_n:
+        bad.append(f"block_n={c.block_n} is not a multiple of mad_n={c.mad_n}")
+    ka = k_alignment(desc)
+    if c.mad_k < ka or c.mad_k % ka:
+        bad.append(f"mad_k={c.mad_k} is not a positive multiple of {ka}")
+    if c.mad_k and c.block_k % c.mad_k:
+        bad.append(f"block_k={c.block_k} is not a multiple of mad_k={c.mad_k}")
+    if c.num_l1_stages < 2 or c.num_l0_stages < 2 or c.num_l0c_stages < 2:
+        bad.append(f"stages L1={c.num_l1_stages} L0={c.num_l0_stages} L0C={c.num_l0c_stages}: each must be >= 2")
+    if desc.has_sf and (c.sf_k_blocks < 1 or c.num_l1_sf_stages < 1):
+        bad.append(f"sf_k_blocks={c.sf_k_blocks} num_l1_sf_stages={c.num_l1_sf_stages} must be >= 1")
+    if not 1 <= c.num_ai_cores <= arch.num_ai_cores:
+        bad.append(f"num_ai_cores={c.num_ai_cores} not in [1, {arch.num_ai_cores}]")
+    if c.path not in PATHS:
+        bad.append(f"path={c.path!r} not in {PATHS}")
+    if desc.gemm_type == "m_grouped_contiguous" and c.block_m != M_GROUPED_BLOCK_M:
+        bad.append(f"block_m={c.block_m} must be {M_GROUPED_BLOCK_M} for m_grouped_contiguous")
+    return bad

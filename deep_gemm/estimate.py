@@ -1,0 +1,194 @@
+"""Modelled Ascend chip time of a GEMM: ``estimate_gemm`` and ``python -m deep_gemm.estimate M N K``.
+
+A prediction from the cost model in ``deep_gemm.heuristics.model`` for the config the heuristic would pick;
+nothing is run or measured. No numpy arrays, no numba.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+
+from . import runtime
+from .heuristics.arch import ARCHS, ArchSpec, get_arch
+from .heuristics.config import DTYPE_BITS, DTYPE_PAIRS, GEMM_TYPES, OUT_DTYPE_BYTES, GemmConfig, GemmDesc, cube_dtype
+from .heuristics.select import get_best_config_and_cost
+
+DTYPES = tuple(DTYPE_BITS)
+
+
+@dataclass(frozen=True)
+class GemmEstimate:
+    """Modelled (not measured) chip time of one GEMM call and what binds it.
+
+    ``utilization`` is the achieved FLOP rate over the arch's peak (all its AI cores) for the pair's Cube dtype
+    (fp8 x fp4 runs at the FP8 rate). The ``*_us`` fields are each resource's busy time on the critical path.
+    """
+
+    m: int
+    n: int
+    k: int
+    a_dtype: str
+    b_dtype: str
+    out_dtype: str
+    gemm_type: str
+    num_groups: int
+    arch: str
+    num_ai_cores: int
+    time_us: float
+    tflops: float
+    utilization: float
+    bound: str
+    config: GemmConfig
+    cube_us: float
+    mte1_us: float
+    mte2_us: float
+    fixpipe_us: float
+    vector_us: float
+    l2_us: float
+    hbm_us: float
+    fill_us: float
+    launch_us: float
+    num_tiles: int
+    num_waves: int
+    flops: float
+    l2_bytes: int
+    hbm_bytes: int
+    peak_tflops: float
+
+    def __str__(self) -> str:
+        c = self.config
+        groups = f" x {self.num_groups} groups" if self.gemm_type != "normal" else ""
+        lines = [
+            f"modelled Ascend {self.arch} ({self.num_ai_cores} AI cores), {self.gemm_type}{groups}: "
+            f"M={self.m} N={self.n} K={self.k} {self.a_dtype}x{self.b_dtype} -> {self.out_dtype}",
+            f"  time {self.time_us:.2f} us (modelled), {self.tflops:.1f} TFLOPS = "
+            f"{100 * self.utilization:.1f} % of the {self.peak_tflops:.1f} TFLOPS peak; bound: {self.bound}",
+            f"  config: block {c.block_m}x{c.block_n}x{c.block_k}, mad {c.mad_m}x{c.mad_n}x{c.mad_k}, "
+            f"L1 stages {c.num_l1_stages}, path {c.path}; {self.num_tiles} tiles in {self.num_waves} waves",
+            f"  per resource (us): cube {self.cube_us:.2f}, mte1 {self.mte1_us:.2f}, mte2 {self.mte2_us:.2f}, "
+            f"fixpipe {self.fixpipe_us:.2f}, vector {self.vector_us:.2f}, l2 {self.l2_us:.2f}, hbm {self.hbm_us:.2f}, "
+            f"fill+drain {self.fill_us:.2f}, launch {self.launch_us:.2f}",
+            f"  traffic: L2 -> L1 {self.l2_bytes / 1e6:.1f} MB, HBM {self.hbm_bytes / 1e6:.1f} MB",
+        ]
+        return "\n".join(lines)
+
+
+def _check_size(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
+    if value < 1:
+        raise ValueError(f"{name}={value} must be >= 1")
+    return value
+
+
+def estimate_gemm(
+    m: int,
+    n: int,
+    k: int,
+    a_dtype: str = "fp8",
+    b_dtype: str = "fp8",
+    *,
+    num_groups: int = 1,
+    gemm_type: str = "normal",
+    out_dtype: str = "bf16",
+    arch: str | ArchSpec | None = None,
+    num_ai_cores: int | None = None,
+) -> GemmEstimate:
+    """Modelled chip time of D[m, n] = A[m, k] @ B[n, k]^T with the config ``get_best_config`` would pick.
+
+    dtypes: "bf16" | "fp8" | "fp4" (pairs bf16 x bf16, fp8 x fp8, fp8 x fp4, fp4 x fp4). ``gemm_type``:
+    "normal"; "m_grouped_contiguous" / "m_grouped_masked" (m = total rows over ``num_groups`` groups, each
+    with its own B); "k_grouped_contiguous" (k = total K, one M x N output per group); "batched"
+    (``num_groups`` independent m x n x k GEMMs). ``arch`` and ``num_ai_cores`` default to
+    ``deep_gemm.runtime`` (``get_arch_spec``, ``get_num_ai_cores``; env DG_NPU_ARCH, DG_NUM_AI_CORES).
+    """
+    # Argument checks
+    m, n, k = _check_size("m", m), _check_size("n", n), _check_size("k", k)
+    if isinstance(num_groups, bool) or not isinstance(num_groups, int):
+        raise TypeError(f"num_groups must be an int, got {type(num_groups).__name__}: {num_groups!r}")
+    if num_groups < 1:
+        raise ValueError(f"num_groups={num_groups} must be >= 1")
+    for name, value in (("a_dtype", a_dtype), ("b_dtype", b_dtype)):
+        if value not in DTYPES:
+            raise ValueError(f"{name}={value!r}; allowed: {DTYPES}")
+    if (a_dtype, b_dtype) not in DTYPE_PAIRS:
+        raise ValueError(f"a_dtype={a_dtype!r} b_dtype={b_dtype!r} is not a supported pair; allowed: {DTYPE_PAIRS}")
+    if out_dtype not in OUT_DTYPE_BYTES:
+        raise ValueError(f"out_dtype={out_dtype!r}; allowed: {tuple(OUT_DTYPE_BYTES)}")
+    if gemm_type not in GEMM_TYPES:
+        raise ValueError(f"gemm_type={gemm_type!r}; allowed: {GEMM_TYPES}")
+    if gemm_type == "normal" and num_groups != 1:
+        raise ValueError(f"num_groups={num_groups} must be 1 for gemm_type='normal'")
+    if gemm_type in ("m_grouped_contiguous", "m_grouped_masked") and m < num_groups:
+        raise ValueError(f"m={m} must be >= num_groups={num_groups} for {gemm_type} (m is the total rows)")
+    if gemm_type == "k_grouped_contiguous" and k < num_groups:
+        raise ValueError(f"k={k} must be >= num_groups={num_groups} for {gemm_type} (k is the total K)")
+
+    if arch is None:
+        spec = runtime.get_arch_spec()
+    else:
+        try:
+            spec = get_arch(arch)
+        except ValueError:
+            raise ValueError(f"arch={arch!r}; allowed: {tuple(ARCHS)}") from None
+    for name, value in (("a_dtype", a_dtype), ("b_dtype", b_dtype)):
+        if value != "bf16" and not spec.has_fp8:
+            raise ValueError(f"{name}={value!r} is not supported on arch {spec.name} (bf16 only); allowed: ('bf16',)")
+    if num_ai_cores is None:
+        # NOTES: the runtime's core count belongs to the runtime's arch; another arch defaults to all its cores.
+        same_arch = arch is None or spec.name == runtime.get_npu_arch()
+        cores = min(runtime.get_num_ai_cores(), spec.num_ai_cores) if same_arch else spec.num_ai_cores
+    else:
+        cores = _check_size("num_ai_cores", num_ai_cores)
+        if cores > spec.num_ai_cores:
+            raise ValueError(f"num_ai_cores={cores} must be in [1, {spec.num_ai_cores}] for arch {spec.name}")
+
+    # Model
+    desc = GemmDesc(m, n, k, a_dtype, b_dtype, out_dtype, gemm_type, num_groups, num_ai_cores=cores)
+    config, cost = get_best_config_and_cost(desc, spec)
+    peak = spec.peak_flops(cube_dtype(a_dtype, b_dtype))
+    flops_per_s = cost.flops / cost.time_s
+    return GemmEstimate(
+        m=m, n=n, k=k, a_dtype=a_dtype, b_dtype=b_dtype, out_dtype=out_dtype, gemm_type=gemm_type,
+        num_groups=num_groups, arch=spec.name, num_ai_cores=cores,
+        time_us=cost.time_s * 1e6, tflops=flops_per_s / 1e12, utilization=flops_per_s / peak, bound=cost.bound,
+        config=config, cube_us=cost.cube_s * 1e6, mte1_us=cost.mte1_s * 1e6, mte2_us=cost.mte2_s * 1e6,
+        fixpipe_us=cost.fixpipe_s * 1e6, vector_us=cost.vector_s * 1e6, l2_us=cost.l2_s * 1e6, hbm_us=cost.hbm_s * 1e6,
+        fill_us=cost.fill_s * 1e6, launch_us=cost.launch_s * 1e6, num_tiles=cost.num_tiles,
+        num_waves=cost.num_waves, flops=cost.flops, l2_bytes=cost.l2_bytes, hbm_bytes=cost.hbm_bytes,
+        peak_tflops=peak / 1e12,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m deep_gemm.estimate M N K --dtype fp8``: print the modelled chip time of one GEMM."""
+    parser = argparse.ArgumentParser(
+        prog="python -m deep_gemm.estimate",
+        description="Modelled Ascend chip time of D[M, N] = A[M, K] @ B[N, K]^T (a prediction, not a measurement).",
+    )
+    parser.add_argument("m", type=int, help="rows of A and D (total rows for M-grouped kinds)")
+    parser.add_argument("n", type=int, help="rows of B, columns of D")
+    parser.add_argument("k", type=int, help="reduction size (total K for k_grouped_contiguous)")
+    parser.add_argument("--dtype", default="fp8", choices=DTYPES, help="A dtype (and B's unless --b-dtype)")
+    parser.add_argument("--b-dtype", default=None, choices=DTYPES, help="B dtype (default: --dtype)")
+    parser.add_argument("--out-dtype", default="bf16", choices=tuple(OUT_DTYPE_BYTES))
+    parser.add_argument("--arch", default=None, help=f"one of {tuple(ARCHS)} (default: DG_NPU_ARCH / runtime)")
+    parser.add_argument("--cores", type=int, default=None, help="AI cores to schedule on (default: all)")
+    parser.add_argument("--gemm-type", default="normal", choices=GEMM_TYPES)
+    parser.add_argument("--groups", type=int, default=1, help="groups / batches for the grouped kinds")
+    args = parser.parse_args(argv)
+    try:
+        est = estimate_gemm(
+            args.m, args.n, args.k, args.dtype, args.b_dtype or args.dtype, num_groups=args.groups,
+            gemm_type=args.gemm_type, out_dtype=args.out_dtype, arch=args.arch, num_ai_cores=args.cores,
+        )
+    except (ValueError, TypeError) as e:
+        parser.error(str(e))
+    print(est)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""deep_gemm.estimate: the public chip-time estimate (fields, defaults from the runtime, errors, the CLI) and the
+promise that it never imports numba."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+import deep_gemm
+from deep_gemm import runtime
+from deep_gemm.estimate import GemmEstimate, estimate_gemm, main
+
+
+def test_fields_and_units():
+    est = estimate_gemm(4096, 7168, 16384, "fp8", "fp8", arch="950DT")
+    assert isinstance(est, GemmEstimate) and deep_gemm.GemmEstimate is GemmEstimate
+    assert est.flops == 2.0 * 4096 * 7168 * 16384
+    assert est.tflops == pytest.approx(est.flops / est.time_us / 1e6)
+    assert est.utilization == pytest.approx(est.tflops / est.peak_tflops)
+    assert est.peak_tflops == pytest.approx(865.0752)
+    assert est.bound == "cube" and est.config.block_m > 0
+    assert est.time_us >= max(est.cube_us, est.l2_us, est.hbm_us)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        est.time_us = 1.0
+    text = str(est)
+    assert "modelled" in text and "950DT" in text and "bound: cube" in text and "TFLOPS" in text
+
+
+def test_utilization_uses_the_pairs_cube_rate():
+    fp8_fp4 = estimate_gemm(4096, 7168, 16384, "fp8", "fp4", arch="950DT")
+    assert fp8_fp4.peak_tflops == pytest.approx(865.0752)  # fp8 x fp4 runs at the FP8 rate
+    assert estimate_gemm(4096, 7168, 16384, "fp4", "fp4", arch="950DT").peak_tflops == pytest.approx(1730.1504)
+    assert estimate_gemm(4096, 7168, 16384, "bf16", "bf16", arch="910B2").peak_tflops == pytest.approx(353.8944)
+
+
+def test_defaults_come_from_the_runtime():
+    with runtime.runtime_scope(arch="950PR", num_ai_cores=14):
+        est = estimate_gemm(2048, 2048, 2048)
+        assert (est.arch, est.num_ai_cores, est.config.num_ai_cores) == ("950PR", 14, 14)
+        # Another arch than the runtime's: all of its cores.
+        assert estimate_gemm(2048, 2048, 2048, arch="950DT").num_ai_cores == 32
+    with runtime.runtime_scope(arch="950DT"):
+        assert estimate_gemm(2048, 2048, 2048).num_ai_cores == runtime.get_num_ai_cores()
+    assert estimate_gemm(2048, 2048, 2048, arch="ascend950dt", num_ai_cores=8).num_ai_cores == 8
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(m=0), ValueError, "m=0"),
+        (dict(n=-3), ValueError, "n=-3"),
+        (dict(k=1.5), TypeError, "k must be an int"),
+        (dict(m=True), TypeError, "m must be an int"),
+        (dict(a_dtype="fp16"), ValueError, "a_dtype='fp16'.*allowed"),
+        (dict(b_dtype="int8"), ValueError, "b_dtype='int8'.*allowed"),
+        (dict(a_dtype="fp4", b_dtype="fp8"), ValueError, "not a supported pair"),
+        (dict(a_dtype="bf16", b_dtype="fp8"), ValueError, "not a supported pair"),
+        (dict(gemm_type="grouped"), ValueError, "gemm_type='grouped'.*allowed"),
+        (dict(num_groups=0, gemm_type="batched"), ValueError, "num_groups=0"),
+        (dict(num_groups=2), ValueError, "num_groups=2 must be 1"),
+        (dict(out_dtype="fp8"), ValueError, "out_dtype='fp8'"),
+        (dict(arch="H100"), ValueError, "arch='H100'.*allowed"),
+        (dict(arch="950PR", num_ai_cores=29), ValueError, r"num_ai_cores=29 must be in \[1, 28\]"),
+        (dict(num_ai_cores=0), ValueError, "num_ai_cores=0"),
+        (dict(arch="910B2"), ValueError, "a_dtype='fp8' is not supported on arch 910B2"),
+        (dict(m=4, num_groups=8, gemm_type="m_grouped_masked"), ValueError, "m=4 must be >= num_groups=8"),
+    ],
+)
+def test_bad_input(kwargs, error, match):
+    args = dict(m=256, n=256, k=256)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        estimate_gemm(args.pop("m"), args.pop("n"), args.pop("k"), **args)
+
+
+def test_cli_prints_the_estimate(capsys):
+    assert main(["4096", "7168", "16384", "--dtype", "fp8", "--arch", "950DT"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == str(estimate_gemm(4096, 7168, 16384, "fp8", "fp8", arch="950DT"))
+    assert main(["1024", "4096", "7168", "--dtype", "fp8", "--b-dtype", "fp4", "--arch", "950PR", "--cores", "8",
+                 "--gemm-type", "m_grouped_masked", "--groups", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "950PR (8 AI cores), m_grouped_masked x 4 groups" in out and "fp8xfp4" in out
+    with pytest.raises(SystemExit):
+        main(["16", "16", "16", "--dtype", "fp4", "--b-dtype", "fp8"])
+    assert "not a supported pair" in capsys.readouterr().err
+
+
+def test_module_runs_and_never_imports_numba():
+    code = ("import sys, deep_gemm; e = deep_gemm.estimate_gemm(512, 512, 512); "
+            "import deep_gemm.heuristics; assert 'numba' not in sys.modules, 'numba imported'; print(e.bound)")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "deep_gemm.estimate", "4096", "2112", "7168", "--dtype", "fp8",
+                          "--arch", "950DT"], check=True, capture_output=True, text=True)
+    assert "modelled" in run.stdout and "4096" in run.stdout
