@@ -1,1 +1,50 @@
+"""The Numba stand-ins for Ascend AI-core intrinsics that kernel templates call (each the executable spec of one
+instruction), plus the host-side capacity check. Importing this package imports numba (never done by
+``import deep_gemm``).
 
+Template-callable intrinsics are the names in ``__all__``; each is an ``@njit(cache=True)`` function.
+"""
+
+from __future__ import annotations
+
+from ..jit.numba_setup import apply_numba_settings
+
+# NOTES: must run before any intrinsic below compiles (numba reads it when building its CPU target).
+apply_numba_settings()
+
+from .capacity import (  # noqa: E402
+    BufferCapacityError,
+    arch_capacity,
+    check_buffer_capacity,
+    keeps_a_resident,
+    num_mad_tiles,
+)
+from .copy import (  # noqa: E402
+    FP4_E2M1_VALUES,
+    FP8_E4M3_VALUES,
+    copy_gm_to_l1_bf16,
+    copy_gm_to_l1_fp4,
+    copy_gm_to_l1_fp8,
+    copy_gm_to_l1_sf,
+)
+from .cube import l0a_size, l0b_size, load_l0a, load_l0b, mmad  # noqa: E402
+from .fixpipe import Fixpipe, bf16_bits_to_f32, f32_to_bf16_bits  # noqa: E402
+from .scheduler import get_swizzled_block, tile_order  # noqa: E402
+from .sync import NUM_EVENT_IDS, PipeBarrier, SetFlag, WaitFlag  # noqa: E402
+from .tensor import slot_view, tile_view  # noqa: E402
+
+# Intrinsics a template may call (the translator resolves calls against this list).
+__all__ = [
+    # MTE2: GM -> L1
+    "copy_gm_to_l1_fp8", "copy_gm_to_l1_fp4", "copy_gm_to_l1_bf16", "copy_gm_to_l1_sf",
+    # MTE1 + Cube (device/cube.py)
+    "l0a_size", "l0b_size", "load_l0a", "load_l0b", "mmad",
+    # FixPipe: L0C -> GM
+    "Fixpipe",
+    # Pipe synchronisation
+    "SetFlag", "WaitFlag", "PipeBarrier",
+    # Scheduler
+    "get_swizzled_block",
+    # LocalTensor views
+    "slot_view", "tile_view",
+]

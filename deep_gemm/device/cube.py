@@ -1,0 +1,501 @@
+"""The Cube stand-in: L1 -> L0A/L0B loads (UE8M0 block scales folded in) and Mmad into L0C, as Numba device
+functions; a register-tiled fp32 FMA micro-kernel does the work. Not here: GM -> L1 decode (copy.py), FixPipe.
+
+Contract (all ``@njit(cache=True)``, callable from generated kernels; sizes in elements):
+- ``l0a_size(mad_m, mad_k)`` / ``l0b_size(mad_n, mad_k)``: fp32 elements of one L0A / L0B buffer.
+- ``load_l0a(l0a, l1a, sf_l1a, row0, k0, mad_m, mad_k, with_sf)``: l1a[row0:row0+mad_m, k0:k0+mad_k] (times
+  2^(e-127), e = sf_l1a[row, k // 32], when with_sf) into the contiguous 1-D fp32 buffer l0a. ``load_l0b`` the same
+  for B. Fast path: unit K stride in L1, mad_k a multiple of 8 (with scales also k0 % 8 == 0); else scalar.
+- ``mmad(l0c, l0a, l0b, mad_m, mad_n, mad_k, init)``: l0c[:mad_m, :mad_n] (= if init, else +=) A @ B^T, one fp32
+  FMA chain per element along K. Any mad_m works at full speed from 4 rows up, so the small-M "stream" path uses
+  the same call (mad_m = 16 runs as 6 + 6 + 4-row tiles; each B panel chunk comes from memory once).
+The L0 layouts are private (only these functions read or write them):
+- L0A: rows x K, [mad_m][mad_k] (a scaled copy; the micro-kernel broadcasts A from it).
+- L0B: K-major panels of NR rows (16 on AVX2, the Cube fractal's width), [ceil(mad_n / NR)][mad_k][NR], rows past
+  mad_n zero. Packing transposes 8 x 8 blocks in registers.
+NOTES: the micro-kernel is LLVM IR emitted by an ``@intrinsic``: MR x NR of L0C in MR * NR / LANES vector
+accumulators updated with ``llvm.fma`` (AVX2: 6 x 16 in 12 ymm). Unlike numba's SLP vectorizer on scalar code
+(which spilled the 6 x 16 tile), its code does not depend on vectorizer settings or fastmath flags.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..jit.numba_setup import apply_numba_settings, vector_width_bits
+
+# NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
+apply_numba_settings()
+
+# Register tile. LANES fp32 per full-width vector; a micro-tile is up to MR rows x NR columns of L0C held in
+# MR * NR / LANES vector registers (AVX2: 6 x 16 -> 12 of the 16 ymm, plus 2 for B and 1 broadcast of A;
+# AVX-512: 8 x 32 -> 16 of the 32 zmm).
+LANES = max(vector_width_bits() // 32, 8)
+NR = 2 * LANES
+MR = 6 if LANES == 8 else 8
+# NOTES: Mmad walks K in chunks of KC so one packed B panel (NR x KC fp32, 16 KiB on AVX2) stays in L1 while all
+# row tiles of A stream past it.
+KC = 256
+
+
+def _ue8m0_table() -> np.ndarray:
+    """2^(e-127) for every UE8M0 byte e, built from the float bits (exact): e=0 is the subnormal 2^-127, e=255 NaN."""
+    bits = np.arange(256, dtype=np.uint32) << np.uint32(23)
+    bits[0] = np.uint32(1) << np.uint32(22)  # 2^-127 = 0.5 * 2^-126: mantissa's top bit, exponent field 0
+    bits[255] = np.uint32(0x7FC00000)  # the E8M0 NaN encoding
+    return bits.view(np.float32)
+
+
+UE8M0_SCALES = _ue8m0_table()
+
+# ---------------------------------------------------------------------------------------------------------------
+# Raw pointers and vector helpers (LLVM IR). NOTES: plain array indexing carries a negative-index wraparound
+# select that keeps LLVM from proving addresses consecutive; the hot paths address memory through pointers.
+# ---------------------------------------------------------------------------------------------------------------
+_F32 = ir.FloatType()
+_I32 = ir.IntType(32)
+_V8 = ir.VectorType(_F32, 8)
+
+
+@intrinsic
+def _data_ptr(typingctx, arr):
+    """Pointer to arr's first element (typed by its dtype)."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return context.make_array(signature.args[0])(context, builder, args[0]).data
+
+    return types.CPointer(arr.dtype)(arr), codegen
+
+
+@intrinsic
+def _ptr_add(typingctx, ptr, offset):
+    """ptr + offset elements."""
+    if not isinstance(ptr, types.CPointer) or not isinstance(offset, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        off = context.cast(builder, args[1], signature.args[1], types.intp)
+        return builder.gep(args[0], [off])
+
+    return ptr(ptr, offset), codegen
+
+
+def _vec_ptr(builder, ptr, offset, vty):
+    return builder.bitcast(builder.gep(ptr, [offset]), vty.as_pointer())
+
+
+def _splat(builder, scalar, vty):
+    lanes = vty.count
+    vec = builder.insert_element(ir.Constant(vty, ir.Undefined), scalar, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(vec, vec, ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
+
+
+def _shuffle(builder, a, b, idx):
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
+
+
+def _as_intp(context, builder, value, ty):
+    return context.cast(builder, value, ty, types.intp)
+
+
+@intrinsic
+def _copy8_scaled(typingctx, dst, src, scale):
+    """dst[0:8] = src[0:8] * scale (one vector load, multiply, store; unaligned)."""
+
+    def codegen(context, builder, signature, args):
+        d, s, sc = args
+        zero = ir.Constant(ir.IntType(64), 0)
+        v = builder.load(_vec_ptr(builder, s, zero, _V8), align=4)
+        v = builder.fmul(v, _splat(builder, sc, _V8))
+        builder.store(v, _vec_ptr(builder, d, zero, _V8), align=4)
+        return context.get_dummy_value()
+
+    if not (isinstance(dst, types.CPointer) and dst.dtype == types.float32 and src == dst):
+        return None
+    return types.void(dst, src, types.float32), codegen
+
+
+@intrinsic
+def _transpose8x8_scaled(typingctx, dst, dst_stride, src, src_stride, s0, s1, s2, s3, s4, s5, s6, s7):
+    """dst[j * dst_stride + r] = src[r * src_stride + j] * s_r for r, j in 0..7: an in-register 8 x 8 transpose
+    (unpack / shuffle / 128-bit lane permutes), 8 vector loads and 8 vector stores."""
+
+    def codegen(context, builder, signature, args):
+        d, sp = args[0], args[2]
+        ds = _as_intp(context, builder, args[1], signature.args[1])
+        ss = _as_intp(context, builder, args[3], signature.args[3])
+        scale = ir.Constant(_V8, ir.Undefined)
+        for r in range(8):
+            scale = builder.insert_element(scale, args[4 + r], ir.Constant(_I32, r))
+        rows = [builder.load(_vec_ptr(builder, sp, builder.mul(ss, ir.Constant(ss.type, r)), _V8), align=4)
+                for r in range(8)]
+        # Interleave row pairs, then pairs of pairs (within 128-bit lanes), then swap 128-bit halves.
+        t = []
+        for r in range(0, 8, 2):
+            t.append(_shuffle(builder, rows[r], rows[r + 1], [0, 8, 1, 9, 4, 12, 5, 13]))
+            t.append(_shuffle(builder, rows[r], rows[r + 1], [2, 10, 3, 11, 6, 14, 7, 15]))
+        u = []
+        for base in (0, 4):
+            for half in (0, 1):
+                a, b = t[base + half], t[base + 2 + half]
+                u.append(_shuffle(builder, a, b, [0, 1, 8, 9, 4, 5, 12, 13]))
+                u.append(_shuffle(builder, a, b, [2, 3, 10, 11, 6, 7, 14, 15]))
+        for j in range(8):
+            lo, hi = u[j % 4], u[4 + j % 4]
+            idx = [0, 1, 2, 3, 8, 9, 10, 11] if j < 4 else [4, 5, 6, 7, 12, 13, 14, 15]
+            col = builder.fmul(_shuffle(builder, lo, hi, idx), scale)
+            builder.store(col, _vec_ptr(builder, d, builder.mul(ds, ir.Constant(ds.type, j)), _V8), align=4)
+        return context.get_dummy_value()
+
+    if not (isinstance(dst, types.CPointer) and dst.dtype == types.float32 and src == dst):
+        return None
+    f32 = types.float32
+    return types.void(dst, dst_stride, src, src_stride, f32, f32, f32, f32, f32, f32, f32, f32), codegen
+
+
+def _make_microkernel(mr: int):
+    """The Mmad micro-kernel for an mr x NR tile, as an intrinsic:
+    ``uk(kc, pa, lda, pb, pc, ldc, init)``: C[i, 0:NR] (= 0 if init) += sum_k pa[i * lda + k] * pb[k * NR + 0:NR]
+    for i < mr, with C[i, j] at pc[i * ldc + j]. Accumulators live in mr * NR / LANES vector registers through the
+    whole K loop; each K step is NR / LANES vector loads of B, mr broadcasts of A and mr * NR / LANES FMAs."""
+    nv = NR // LANES
+    vty = ir.VectorType(_F32, LANES)
+
+    def codegen(context, builder, signature, args):
+        intp = context.get_value_type(types.intp)
+        kc = _as_intp(context, builder, args[0], signature.args[0])
+        pa, pb, pc = args[1], args[3], args[4]
+        lda = _as_intp(context, builder, args[2], signature.args[2])
+        ldc = _as_intp(context, builder, args[5], signature.args[5])
+        init = context.cast(builder, args[6], signature.args[6], types.boolean)
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vty, [vty, vty, vty]), f"llvm.fma.v{LANES}f32"
+        )
+        zero = ir.Constant(vty, [0.0] * LANES)
+
+        # Load (or zero) the C tile.
+        c_ptrs, acc0 = [], []
+        for i in range(mr):
+            row = builder.mul(ldc, ir.Constant(intp, i))
+            for v in range(nv):
+                p = _vec_ptr(builder, pc, builder.add(row, ir.Constant(intp, LANES * v)), vty)
+                c_ptrs.append(p)
+                acc0.append(builder.select(init, zero, builder.load(p, align=4)))
+        a_rows = [builder.gep(pa, [builder.mul(lda, ir.Constant(intp, i))]) for i in range(mr)]
+
+        # K loop: accumulators are loop-carried phis (registers).
+        pre = builder.block
+        loop = builder.append_basic_block("mmad.k")
+        done = builder.append_basic_block("mmad.k.done")
+        builder.cbranch(builder.icmp_signed(">", kc, ir.Constant(intp, 0)), loop, done)
+        builder.position_at_end(loop)
+        k = builder.phi(intp)
+        k.add_incoming(ir.Constant(intp, 0), pre)
+        accs = []
+        for x in acc0:
+            phi = builder.phi(vty)
+            phi.add_incoming(x, pre)
+            accs.append(phi)
+        b_off = builder.mul(k, ir.Constant(intp, NR))
+        bs = [builder.load(_vec_ptr(builder, pb, builder.add(b_off, ir.Constant(intp, LANES * v)), vty), align=4)
+              for v in range(nv)]
+        new = []
+        for i in range(mr):
+            a = _splat(builder, builder.load(builder.gep(a_rows[i], [k]), align=4), vty)
+            for v in range(nv):
+                new.append(builder.call(fma, [a, bs[v], accs[i * nv + v]]))
+        k_next = builder.add(k, ir.Constant(intp, 1))
+        tail = builder.block
+        k.add_incoming(k_next, tail)
+        for phi, x in zip(accs, new):
+            phi.add_incoming(x, tail)
+        builder.cbranch(builder.icmp_signed("<", k_next, kc), loop, done)
+
+        # Store the C tile.
+        builder.position_at_end(done)
+        final = []
+        for x0, x in zip(acc0, new):
+            phi = builder.phi(vty)
+            phi.add_incoming(x0, pre)
+            phi.add_incoming(x, tail)
+            final.append(phi)
+        for p, x in zip(c_ptrs, final):
+            builder.store(x, p, align=4)
+        return context.get_dummy_value()
+
+    def typer(typingctx, kc, pa, lda, pb, pc, ldc, init):
+        if not all(isinstance(p, types.CPointer) and p.dtype == types.float32 for p in (pa, pb, pc)):
+            return None
+        return types.void(kc, pa, lda, pb, pc, ldc, init), codegen
+
+    typer.__name__ = f"_microkernel_{mr}x{NR}"
+    return intrinsic(typer)
+
+
+_uk1 = _make_microkernel(1)
+_uk2 = _make_microkernel(2)
+_uk3 = _make_microkernel(3)
+_uk4 = _make_microkernel(4)
+_uk5 = _make_microkernel(5)
+_uk6 = _make_microkernel(6)
+# NOTES: 7- and 8-row tiles exist only where MR = 8 (AVX-512); elsewhere the names alias the 6-row kernel so the
+# dispatch below compiles, and _row_tile never asks for them.
+_uk7 = _make_microkernel(7) if MR >= 7 else _uk6
+_uk8 = _make_microkernel(8) if MR >= 8 else _uk6
+
+
+@njit(cache=True)
+def _microkernel(mr, kc, pa, lda, pb, pc, ldc, init):
+    """Dispatch an mr-row tile (1 <= mr <= MR) to its register-tiled micro-kernel."""
+    if mr == 6:
+        _uk6(kc, pa, lda, pb, pc, ldc, init)
+    elif mr == 4:
+        _uk4(kc, pa, lda, pb, pc, ldc, init)
+    elif mr == 5:
+        _uk5(kc, pa, lda, pb, pc, ldc, init)
+    elif mr == 8:
+        _uk8(kc, pa, lda, pb, pc, ldc, init)
+    elif mr == 7:
+        _uk7(kc, pa, lda, pb, pc, ldc, init)
+    elif mr == 3:
+        _uk3(kc, pa, lda, pb, pc, ldc, init)
+    elif mr == 2:
+        _uk2(kc, pa, lda, pb, pc, ldc, init)
+    else:
+        _uk1(kc, pa, lda, pb, pc, ldc, init)
+
+
+@njit(cache=True, inline="always")
+def _row_tile(i0, mad_m):
+    """Rows of the micro-tile starting at row i0: MR, except that a short remainder is balanced with the tile
+    before it (MR=6: 16 -> 6+6+4, 32 -> 6*4+4+4, 7 -> 4+3), so no tile is thinner than MR/2 when mad_m >= MR."""
+    rest = mad_m - i0
+    if rest <= MR:
+        return rest
+    if rest < MR + MR // 2 + 1 and rest % MR != 0 and rest % MR < MR // 2 + 1:
+        return (rest + 1) // 2
+    return MR
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The Cube contract
+# NOTES: each public function checks its arguments, turns its arrays into pointers plus strides and calls one
+# pointer-based core. The cores have a single signature whatever the layouts of the caller's views, so numba
+# compiles (and caches) the heavy code once; each new layout combination only compiles a thin wrapper.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def l0a_size(mad_m, mad_k):
+    """fp32 elements of one L0A buffer for a mad_m x mad_k tile (Ascend L0A, 64 KiB on the chip)."""
+    return mad_m * mad_k
+
+
+@njit(cache=True)
+def l0b_size(mad_n, mad_k):
+    """fp32 elements of one L0B buffer for a mad_n x mad_k tile, NR-row panels padded (Ascend L0B, 64 KiB)."""
+    return ((mad_n + NR - 1) // NR) * NR * mad_k
+
+
+@njit(cache=True, inline="always")
+def _check_load(l0, l1, sf_l1, row0, k0, rows, mad_k, with_sf, size):
+    if row0 < 0 or k0 < 0 or rows < 0 or mad_k < 0:
+        raise ValueError("cube load: negative row0, k0 or tile size")
+    if row0 + rows > l1.shape[0] or k0 + mad_k > l1.shape[1]:
+        raise ValueError("cube load: the tile exceeds the L1 buffer")
+    if l0.size < size:
+        raise ValueError("cube load: the L0 buffer is smaller than l0a_size / l0b_size")
+    if l0.strides[0] != 4:
+        raise ValueError("cube load: the L0 buffer must be contiguous")
+    if with_sf and rows > 0 and mad_k > 0:
+        if row0 + rows > sf_l1.shape[0] or (k0 + mad_k - 1) // 32 >= sf_l1.shape[1]:
+            raise ValueError("cube load: the tile exceeds the L1 scale-factor buffer")
+
+
+@njit(cache=True)
+def _sf_scale(psf, sf_rs, sf_cs, row, k, with_sf):
+    """2^(e-127) of L1 row ``row``, K column ``k`` (1 without scales); e at psf[row * sf_rs + (k // 32) * sf_cs]."""
+    if with_sf:
+        return UE8M0_SCALES[psf[row * sf_rs + (k // 32) * sf_cs]]
+    return np.float32(1.0)
+
+
+@njit(cache=True)
+def _load_a_core(pd, ps, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with_sf):
+    """L0A[i * mad_k + kk] = L1[row0 + i, k0 + kk] * scale, L1 element (r, c) at ps[r * ld + c * cs]."""
+    # NOTES: the 8-wide vector path needs unit K stride and, with scales, no 32-K block straddling 8 columns.
+    kv = 0 if cs != 1 or (with_sf and k0 % 8 != 0) else mad_k - mad_k % 8
+    for i in range(mad_m):
+        row = row0 + i
+        src = _ptr_add(ps, row * ld + k0 * cs)
+        dst = _ptr_add(pd, i * mad_k)
+        s = np.float32(1.0)
+        for kk in range(0, kv, 8):
+            if with_sf and (kk == 0 or (k0 + kk) % 32 == 0):
+                s = _sf_scale(psf, sf_rs, sf_cs, row, k0 + kk, with_sf)
+            _copy8_scaled(_ptr_add(dst, kk), _ptr_add(src, kk), s)
+        for kk in range(kv, mad_k):
+            dst[kk] = src[kk * cs] * _sf_scale(psf, sf_rs, sf_cs, row, k0 + kk, with_sf)
+
+
+@njit(cache=True)
+def _load_b_core(pd, ps, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with_sf):
+    """L0B panel p, K step kk, lane j = L1[row0 + p * NR + j, k0 + kk] * scale (0 past mad_n); strides as above."""
+    kv = 0 if cs != 1 or (with_sf and k0 % 8 != 0) else mad_k - mad_k % 8
+    num_panels = (mad_n + NR - 1) // NR
+    for p in range(num_panels):
+        panel = _ptr_add(pd, p * mad_k * NR)
+        for g in range(0, NR, 8):
+            r0 = p * NR + g  # first of these 8 rows, relative to row0
+            k_scalar = 0
+            if r0 + 8 <= mad_n:
+                # 8 full rows: 8 x 8 in-register transposes, scales fetched once per 32-K block
+                k_scalar = kv
+                src = _ptr_add(ps, (row0 + r0) * ld + k0)
+                dst = _ptr_add(panel, g)
+                r = row0 + r0
+                s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(1.0)
+                for kk in range(0, kv, 8):
+                    if with_sf and (kk == 0 or (k0 + kk) % 32 == 0):
+                        e = _ptr_add(psf, r * sf_rs + ((k0 + kk) // 32) * sf_cs)
+                        s0 = UE8M0_SCALES[e[0]]
+                        s1 = UE8M0_SCALES[e[sf_rs]]
+                        s2 = UE8M0_SCALES[e[2 * sf_rs]]
+                        s3 = UE8M0_SCALES[e[3 * sf_rs]]
+                        s4 = UE8M0_SCALES[e[4 * sf_rs]]
+                        s5 = UE8M0_SCALES[e[5 * sf_rs]]
+                        s6 = UE8M0_SCALES[e[6 * sf_rs]]
+                        s7 = UE8M0_SCALES[e[7 * sf_rs]]
+                    _transpose8x8_scaled(
+                        _ptr_add(dst, kk * NR), NR, _ptr_add(src, kk), ld, s0, s1, s2, s3, s4, s5, s6, s7
+                    )
+            # Scalar rest: the K tail, and rows past mad_n (zero padding of the last panel)
+            for rr in range(8):
+                row = r0 + rr
+                for kk in range(k_scalar, mad_k):
+                    v = np.float32(0.0)
+                    if row < mad_n:
+                        k = k0 + kk
+                        v = ps[(row0 + row) * ld + k * cs] * _sf_scale(psf, sf_rs, sf_cs, row0 + row, k, with_sf)
+                    panel[kk * NR + g + rr] = v
+
+
+@njit(cache=True, inline="always")
+def _sf_args(sf_l1):
+    """Pointer and element strides of the uint8 scale buffer."""
+    return _data_ptr(sf_l1), sf_l1.strides[0], sf_l1.strides[1]
+
+
+@njit(cache=True)
+def load_l0a(l0a, l1a, sf_l1a, row0, k0, mad_m, mad_k, with_sf):
+    """LoadData L1 -> L0A (asc_copy_l12l0a; asc_copy_l12l0a_mx with scales).
+
+    l0a: contiguous fp32 1-D [>= l0a_size(mad_m, mad_k)]; l1a: fp32 [block_m, block_k] (rows x K; any strides, unit
+    K stride is the fast path); sf_l1a: uint8 UE8M0 exponents [block_m, block_k // 32] (read only when with_sf).
+    Packs l1a[row0:row0+mad_m, k0:k0+mad_k] (rows x K), each value times 2^(e-127) of its 32-K block when with_sf
+    (exact: a power of two).
+    """
+    _check_load(l0a, l1a, sf_l1a, row0, k0, mad_m, mad_k, with_sf, l0a_size(mad_m, mad_k))
+    psf, sf_rs, sf_cs = _sf_args(sf_l1a)
+    _load_a_core(_data_ptr(l0a), _data_ptr(l1a), l1a.strides[0] // 4, l1a.strides[1] // 4, psf, sf_rs, sf_cs,
+                 row0, k0, mad_m, mad_k, with_sf)
+
+
+@njit(cache=True)
+def load_l0b(l0b, l1b, sf_l1b, row0, k0, mad_n, mad_k, with_sf):
+    """LoadData L1 -> L0B (asc_copy_l12l0b; asc_copy_l12l0b_mx with scales).
+
+    l0b: contiguous fp32 1-D [>= l0b_size(mad_n, mad_k)]; l1b: fp32 [block_n, block_k] (rows x K); sf_l1b: uint8
+    [block_n, block_k // 32] (read only when with_sf). Packs l1b[row0:row0+mad_n, k0:k0+mad_k], times 2^(e-127) per
+    32-K block when with_sf, into K-major panels of NR rows (transposed 8 x 8 blocks at a time).
+    """
+    _check_load(l0b, l1b, sf_l1b, row0, k0, mad_n, mad_k, with_sf, l0b_size(mad_n, mad_k))
+    psf, sf_rs, sf_cs = _sf_args(sf_l1b)
+    _load_b_core(_data_ptr(l0b), _data_ptr(l1b), l1b.strides[0] // 4, l1b.strides[1] // 4, psf, sf_rs, sf_cs,
+                 row0, k0, mad_n, mad_k, with_sf)
+
+
+@njit(cache=True)
+def _mmad_core(pc, ldc, csc, pa, pb, mad_m, mad_n, mad_k, init):
+    """The Cube on pointers: C element (i, j) at pc[i * ldc + j * csc]; A, B in the packed L0 layouts."""
+    if csc != 1:
+        # Column-strided L0C (not a layout the kernels use): plain loops, same K order (multiply, then add).
+        for i in range(mad_m):
+            for j in range(mad_n):
+                b = _ptr_add(pb, (j // NR) * mad_k * NR + j % NR)
+                acc = np.float32(0.0) if init else pc[i * ldc + j * csc]
+                for kk in range(mad_k):
+                    acc += pa[i * mad_k + kk] * b[kk * NR]
+                pc[i * ldc + j * csc] = acc
+        return
+    full_panels = mad_n // NR
+    for kc0 in range(0, mad_k, KC):
+        kc = min(KC, mad_k - kc0)
+        first = init and kc0 == 0
+        for p in range(full_panels):
+            pbp = _ptr_add(pb, p * mad_k * NR + kc0 * NR)
+            i0 = 0
+            while i0 < mad_m:
+                mr = _row_tile(i0, mad_m)
+                _microkernel(mr, kc, _ptr_add(pa, i0 * mad_k + kc0), mad_k, pbp, _ptr_add(pc, i0 * ldc + p * NR),
+                             ldc, first)
+                i0 += mr
+        if mad_n % NR != 0:
+            _mmad_partial_panel(pc, ldc, pa, pb, mad_m, mad_n, mad_k, kc0, kc, first)
+
+
+@njit(cache=True)
+def _mmad_partial_panel(pc, ldc, pa, pb, mad_m, mad_n, mad_k, kc0, kc, first):
+    """The last, partial B panel (mad_n % NR != 0, only when NR > 16), through a scratch C tile so no column of
+    L0C past mad_n is touched."""
+    p = mad_n // NR
+    cols = mad_n - p * NR
+    scratch = np.zeros((MR, NR), dtype=np.float32)
+    ps = _data_ptr(scratch)
+    ld_scratch = scratch.shape[1]  # NOTES: NR as a runtime value; a literal argument would compile a second variant
+    pbp = _ptr_add(pb, p * mad_k * NR + kc0 * NR)
+    i0 = 0
+    while i0 < mad_m:
+        mr = _row_tile(i0, mad_m)
+        for i in range(mr):
+            for j in range(cols):
+                scratch[i, j] = pc[(i0 + i) * ldc + p * NR + j]
+        _microkernel(mr, kc, _ptr_add(pa, i0 * mad_k + kc0), mad_k, pbp, ps, ld_scratch, first)
+        for i in range(mr):
+            for j in range(cols):
+                pc[(i0 + i) * ldc + p * NR + j] = scratch[i, j]
+        i0 += mr
+
+
+@njit(cache=True)
+def mmad(l0c, l0a, l0b, mad_m, mad_n, mad_k, init):
+    """Mmad (asc_mmad / asc_mmad_mx): the Cube. l0c[:mad_m, :mad_n] = (init) or += A @ B^T, fp32 accumulation.
+
+    l0c: fp32 2-D [>= mad_m, >= mad_n] (any strides; a view is fine); l0a / l0b: contiguous buffers filled by
+    load_l0a / load_l0b with the same mad sizes. Any mad_m >= 1 runs at full speed from 4 rows up (small-M / stream
+    path included: each B panel chunk is read from memory once and from L1 by every row tile). Each C element is one
+    fp32 FMA chain along K, so results do not depend on tiling, threads or core count. With init, L0C is written
+    without being read.
+    """
+    if mad_m < 0 or mad_n < 0 or mad_k < 0:
+        raise ValueError("mmad: negative tile size")
+    if mad_m > l0c.shape[0] or mad_n > l0c.shape[1]:
+        raise ValueError("mmad: L0C is smaller than mad_m x mad_n")
+    if l0a.size < l0a_size(mad_m, mad_k) or l0b.size < l0b_size(mad_n, mad_k):
+        raise ValueError("mmad: L0A / L0B smaller than l0a_size / l0b_size")
+    if l0a.strides[0] != 4 or l0b.strides[0] != 4:
+        raise ValueError("mmad: L0A / L0B must be contiguous")
+    if mad_m == 0 or mad_n == 0:
+        return
+    if mad_k == 0:
+        if init:
+            l0c[:mad_m, :mad_n] = 0.0
+        return
+    _mmad_core(_data_ptr(l0c), l0c.strides[0] // 4, l0c.strides[1] // 4, _data_ptr(l0a), _data_ptr(l0b), mad_m,
+               mad_n, mad_k, bool(init))

@@ -1,0 +1,85 @@
+"""Fixpipe (L0C -> GM): the epilogue that scales the fp32 accumulator by alpha, optionally adds it to D, and
+rounds to the output dtype (fp32 -> bf16 round-to-nearest-even, or fp32 as is) while writing only the valid region.
+
+NOTES: compiled without fast-math, so ``d + alpha * acc`` is one fp32 multiply then one fp32 add (never fused),
+exactly as a numpy reference computes it, and NaN / Inf pass through.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
+from ..jit.numba_setup import apply_numba_settings
+from ._bits import bits_to_f32, f32_to_bits
+
+# NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
+apply_numba_settings()
+
+
+@njit(cache=True)
+def f32_to_bf16_bits(x):
+    """bf16 bits (uint16) of the float32 ``x``, rounded to nearest even; NaN -> quiet NaN 0x7FC0 with x's sign.
+
+    Bit-exact with ml_dtypes.bfloat16: ties to even, overflow rounds to +-Inf, Inf stays Inf.
+    """
+    bits = f32_to_bits(x)
+    if (bits & 0x7FFFFFFF) > 0x7F800000:
+        return np.uint16(((bits >> 16) & 0x8000) | 0x7FC0)
+    # NOTES: adding 0x7FFF plus the kept LSB carries into bit 16 exactly when the dropped half is > 0.5 ulp, or
+    # == 0.5 ulp with an odd kept LSB: round half to even. int64 arithmetic, so the carry never wraps.
+    lsb = (bits >> 16) & 1
+    return np.uint16((np.int64(bits) + 0x7FFF + lsb) >> 16)
+
+
+@njit(cache=True)
+def bf16_bits_to_f32(bits):
+    """float32 value of bf16 bits (exact)."""
+    return bits_to_f32(np.uint32(bits) << 16)
+
+
+def _store_out(gm_d, index, value, with_accumulation):
+    """Store one fp32 result into D (typed per D's dtype by the overload below)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_store_out)
+def _store_out_impl(gm_d, index, value, with_accumulation):
+    if not isinstance(gm_d, types.Array):
+        return None
+    if gm_d.dtype == types.uint16:
+
+        def store_bf16(gm_d, index, value, with_accumulation):
+            if with_accumulation:
+                value = bf16_bits_to_f32(gm_d[index]) + value
+            gm_d[index] = f32_to_bf16_bits(value)
+
+        return store_bf16
+    if gm_d.dtype == types.float32:
+
+        def store_f32(gm_d, index, value, with_accumulation):
+            if with_accumulation:
+                value = gm_d[index] + value
+            gm_d[index] = value
+
+        return store_f32
+    return None
+
+
+@njit(cache=True)
+def Fixpipe(gm_d, stride_d, l0c, row0, col0, num_rows, num_cols, m, n, alpha, with_accumulation):  # noqa: N802
+    """Fixpipe L0C -> GM (asc_copy_l0c2gm with F322BF16 / no quantization, NZ -> ND).
+
+    gm_d: flat D storage, uint16 (bf16 bits) or float32, element (r, c) at gm_d[r * stride_d + c].
+    l0c: fp32 [>= num_rows, >= num_cols], the accumulator of the output tile at (row0, col0).
+    Writes D[row0 + i, col0 + j] for i < num_rows, j < num_cols inside the m x n output:
+    round_out(alpha * acc), or round_out(D + alpha * acc) with_accumulation (one rounding to bf16).
+    """
+    rows = min(num_rows, m - row0)
+    cols = min(num_cols, n - col0)
+    scale = np.float32(alpha)
+    for i in range(rows):
+        base = (row0 + i) * stride_d + col0
+        for j in range(cols):
+            _store_out(gm_d, base + j, scale * l0c[i, j], with_accumulation)

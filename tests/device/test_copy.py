@@ -1,0 +1,120 @@
+"""GM -> L1 copies (deep_gemm.device.copy) against numpy/ml_dtypes: FP8, packed FP4 and BF16 decode, K-major and
+MN-major GM with non-tight rows, zero fill past m/n and k; and the UE8M0 scale-factor copy."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from deep_gemm.device import copy as dcopy
+
+
+def _flat(phys: np.ndarray) -> tuple[np.ndarray, int]:
+    """Flat 1-D view of 2-D storage with unit last stride, plus its row stride in elements (as the launchers do)."""
+    stride = phys.strides[0] // phys.itemsize
+    flat = np.lib.stride_tricks.as_strided(phys, shape=((phys.shape[0] - 1) * stride + phys.shape[1],),
+                                           strides=(phys.itemsize,))
+    return flat, stride
+
+
+def _non_tight(rng, shape, dtype, pad=5):
+    """A [rows, cols] view of a wider buffer (outer stride > cols), random contents."""
+    full = rng.integers(0, np.iinfo(dtype).max + 1, size=(shape[0], shape[1] + pad), dtype=dtype)
+    return full[:, : shape[1]]
+
+
+def _expected_tile(values: np.ndarray, mn0, k0, rows, cols):
+    """values: fp32 [MN, K] logical; the L1 tile of rows x cols at (mn0, k0), zero past the edges."""
+    out = np.zeros((rows, cols), np.float32)
+    part = values[mn0 : mn0 + rows, k0 : k0 + cols]
+    out[: part.shape[0], : part.shape[1]] = part
+    return out
+
+
+def test_e4m3_table_matches_ml_dtypes():
+    ref = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    nan = np.isnan(ref)
+    assert np.flatnonzero(nan).tolist() == [0x7F, 0xFF]
+    np.testing.assert_array_equal(dcopy.FP8_E4M3_VALUES[~nan], ref[~nan])
+    # NaN codes decode to NaN deliberately (kept, with their sign), so a NaN input propagates like on the chip.
+    assert np.isnan(dcopy.FP8_E4M3_VALUES[0x7F]) and np.isnan(dcopy.FP8_E4M3_VALUES[0xFF])
+    assert not np.signbit(dcopy.FP8_E4M3_VALUES[0x7F]) and np.signbit(dcopy.FP8_E4M3_VALUES[0xFF])
+
+
+def test_e2m1_table_matches_ml_dtypes():
+    ref = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    np.testing.assert_array_equal(dcopy.FP4_E2M1_VALUES, ref)
+    assert np.signbit(dcopy.FP4_E2M1_VALUES[8])  # -0.0
+
+
+# (mn, k, mn0, k0, rows, cols): an interior tile, a tile straddling both edges, a tile fully past the rows
+TILES = [(40, 100, 16, 32, 16, 32), (37, 70, 32, 64, 16, 64), (20, 64, 32, 0, 16, 64)]
+
+
+@pytest.mark.parametrize("major", ["k", "mn"])
+@pytest.mark.parametrize("tile", TILES)
+def test_copy_fp8(rng, major, tile):
+    mn, k, mn0, k0, rows, cols = tile
+    phys = _non_tight(rng, (mn, k) if major == "k" else (k, mn), np.uint8)
+    codes = phys if major == "k" else phys.T  # logical [mn, k]
+    values = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    values[np.isnan(values)] = 0.0  # compared separately below
+    flat, stride = _flat(phys)
+    l1 = np.full((rows, cols), np.nan, np.float32)
+    dcopy.copy_gm_to_l1_fp8(l1, flat, stride, major == "mn", mn0, k0, mn, k)
+    expected = _expected_tile(values, mn0, k0, rows, cols)
+    nan_mask = np.isnan(l1)
+    nan_codes = _expected_tile(np.isin(codes, [0x7F, 0xFF]).astype(np.float32), mn0, k0, rows, cols) == 1
+    np.testing.assert_array_equal(nan_mask, nan_codes)
+    np.testing.assert_array_equal(np.where(nan_mask, 0, l1), expected)
+
+
+@pytest.mark.parametrize("major", ["k", "mn"])
+@pytest.mark.parametrize("tile", TILES)
+def test_copy_fp4(rng, major, tile):
+    mn, k, mn0, k0, rows, cols = tile
+    codes = rng.integers(0, 16, size=(mn, k), dtype=np.uint8)
+    # Pack along the contiguous axis (K for K-major, MN for MN-major): even element in the low nibble.
+    stored = codes if major == "k" else codes.T.copy()  # [mn, k] or [k, mn]
+    if stored.shape[1] % 2:
+        stored = np.concatenate([stored, np.zeros((stored.shape[0], 1), np.uint8)], axis=1)
+    packed = (stored[:, 0::2] | (stored[:, 1::2] << 4)).astype(np.uint8)
+    phys = np.zeros((packed.shape[0], packed.shape[1] + 3), np.uint8)[:, : packed.shape[1]]
+    phys[...] = packed
+    values = codes.view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    flat, stride = _flat(phys)
+    l1 = np.full((rows, cols), np.nan, np.float32)
+    dcopy.copy_gm_to_l1_fp4(l1, flat, stride, major == "mn", mn0, k0, mn, k)
+    np.testing.assert_array_equal(l1, _expected_tile(values, mn0, k0, rows, cols))
+
+
+@pytest.mark.parametrize("major", ["k", "mn"])
+@pytest.mark.parametrize("tile", TILES)
+def test_copy_bf16(rng, major, tile):
+    mn, k, mn0, k0, rows, cols = tile
+    logical = rng.standard_normal((mn, k)).astype(ml_dtypes.bfloat16)
+    bits = logical.view(np.uint16)
+    stored = bits if major == "k" else bits.T
+    phys = np.zeros((stored.shape[0], stored.shape[1] + 7), np.uint16)[:, : stored.shape[1]]
+    phys[...] = stored
+    flat, stride = _flat(phys)
+    l1 = np.full((rows, cols), np.nan, np.float32)
+    dcopy.copy_gm_to_l1_bf16(l1, flat, stride, major == "mn", mn0, k0, mn, k)
+    np.testing.assert_array_equal(l1, _expected_tile(logical.astype(np.float32), mn0, k0, rows, cols))
+
+
+@pytest.mark.parametrize("mn,k,mn0,k0,rows,cols", [(40, 256, 16, 64, 16, 4), (37, 96, 32, 64, 16, 8)])
+def test_copy_sf(rng, mn, k, mn0, k0, rows, cols):
+    num_blocks = -(-k // 32)
+    exps = rng.integers(0, 256, size=(mn, num_blocks), dtype=np.uint8)  # logical [mn, k/32]
+    padded = np.zeros((mn, 2 * (-(-num_blocks // 2))), np.uint8)
+    padded[:, :num_blocks] = exps
+    # Required layout: int16 [ceil(K/64), MN]; low byte = even block, high byte = odd block.
+    sf = (padded[:, 0::2].astype(np.uint16) | (padded[:, 1::2].astype(np.uint16) << 8)).T.copy().view(np.int16)
+    sf_l1 = np.full((rows, cols), 0xAB, np.uint8)
+    dcopy.copy_gm_to_l1_sf(sf_l1, sf.reshape(-1), sf.shape[1], mn0, k0, mn, k)
+    expected = np.zeros((rows, cols), np.uint8)
+    part = exps[mn0 : mn0 + rows, k0 // 32 : k0 // 32 + cols]
+    expected[: part.shape[0], : part.shape[1]] = part
+    np.testing.assert_array_equal(sf_l1, expected)

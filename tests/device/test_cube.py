@@ -1,0 +1,239 @@
+"""The Cube stand-in (deep_gemm.device.cube) against numpy: L1 -> L0 loads with UE8M0 scales, Mmad (init and
+accumulate, every row-tile size, partial panels, strided L0C), and the micro-kernel's machine code (full-width FMAs,
+no spills in the K loop)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from deep_gemm.device import cube
+from deep_gemm.jit.numba_setup import vector_width_bits
+
+SCALE_EXPONENTS = (0, 1, 127, 200, 254)
+
+
+def _ref_scaled(l1, sf, row0, k0, rows, mad_k, with_sf=True):
+    """fp64 reference of the (scaled) L1 slice: value * 2^(e-127) per 32-K block."""
+    block = l1[row0 : row0 + rows, k0 : k0 + mad_k].astype(np.float64)
+    if not with_sf:
+        return block
+    e = sf[row0 : row0 + rows, (k0 + np.arange(mad_k)) // 32].astype(np.int64)
+    return block * np.ldexp(1.0, e - 127)
+
+
+def _cube_product(l1a, sfa, l1b, sfb, row0_a, row0_b, k0, mad_m, mad_n, mad_k, with_sf, l0c, init):
+    # NaN-filled L0 buffers: a slot the loads forget to write would poison the product.
+    l0a = np.full(cube.l0a_size(mad_m, mad_k), np.nan, dtype=np.float32)
+    l0b = np.full(cube.l0b_size(mad_n, mad_k), np.nan, dtype=np.float32)
+    cube.load_l0a(l0a, l1a, sfa, row0_a, k0, mad_m, mad_k, with_sf)
+    cube.load_l0b(l0b, l1b, sfb, row0_b, k0, mad_n, mad_k, with_sf)
+    cube.mmad(l0c, l0a, l0b, mad_m, mad_n, mad_k, init)
+
+
+def _tol(a, b):
+    """Loose fp32 accumulation bound for |A| @ |B|^T (elementwise), for assert_allclose's atol."""
+    return float(np.max(np.abs(a) @ np.abs(b).T)) * 4e-6 + 1e-30
+
+
+def test_ue8m0_table_is_exact():
+    e = np.arange(255)
+    np.testing.assert_array_equal(cube.UE8M0_SCALES[:255].astype(np.float64), np.ldexp(1.0, e - 127))
+    assert cube.UE8M0_SCALES[0] == np.float32(2.0**-127) and cube.UE8M0_SCALES[0] > 0  # subnormal, not flushed
+    assert np.isnan(cube.UE8M0_SCALES[255])
+
+
+@pytest.mark.parametrize("exponent", SCALE_EXPONENTS)
+def test_load_scale_is_exact(rng, exponent):
+    # B = identity (mad_n = mad_k = 64) makes the Cube return the scaled A values themselves (adding exact zeros),
+    # and A = identity returns the scaled B values (through the transposing L0B pack).
+    mad_m, mad_k = 48, 64
+    l1 = rng.uniform(-1.9, 1.9, size=(mad_m + 5, 128)).astype(np.float32)
+    sf = np.full((mad_m + 5, 4), exponent, dtype=np.uint8)
+    sf[:, :2] = 3  # blocks and rows outside the window read differ, to catch a wrong row or k // 32
+    sf[:5] = 3
+    eye = np.zeros((64, 128), dtype=np.float32)
+    eye[:, 64:] = np.eye(64, dtype=np.float32)
+    sf_one = np.full((64, 4), 127, dtype=np.uint8)
+    expected = _ref_scaled(l1, sf, 5, 64, mad_m, mad_k).astype(np.float32)
+    assert np.all(expected != 0)  # even 2^-127 * x stays representable (subnormal)
+
+    l0c = np.zeros((mad_m, 64), dtype=np.float32)
+    _cube_product(l1, sf, eye, sf_one, 5, 0, 64, mad_m, 64, mad_k, True, l0c, True)
+    np.testing.assert_array_equal(l0c, expected)
+
+    l0c = np.zeros((64, mad_m), dtype=np.float32)
+    _cube_product(eye, sf_one, l1, sf, 0, 5, 64, 64, mad_m, mad_k, True, l0c, True)
+    np.testing.assert_array_equal(l0c, expected.T)
+
+
+@pytest.mark.parametrize(
+    "mad_m, mad_n, mad_k, with_sf",
+    [(16, 16, 64, True), (48, 80, 128, True), (112, 144, 192, True), (128, 256, 64, True), (16, 32, 512, True),
+     (16, 32, 16, False), (32, 48, 32, False), (80, 16, 48, False), (128, 256, 64, False), (64, 64, 320, False)],
+)
+def test_mmad_init_then_accumulate(rng, mad_m, mad_n, mad_k, with_sf):
+    block_k = mad_k * 2
+    extra = 3  # row0 offsets inside the L1 block
+    l1a = rng.standard_normal((mad_m + extra, block_k)).astype(np.float32)
+    l1b = rng.standard_normal((mad_n + extra, block_k)).astype(np.float32)
+    sfa = rng.choice(np.array([120, 126, 127, 128, 131], dtype=np.uint8), size=(mad_m + extra, block_k // 32))
+    sfb = rng.choice(np.array([122, 127, 129, 133], dtype=np.uint8), size=(mad_n + extra, block_k // 32))
+    # L0C wider than the tile and full of NaN: init must overwrite without reading, and only [:mad_m, :mad_n] may be
+    # touched.
+    l0c = np.full((mad_m + 2, mad_n + 8), np.nan, dtype=np.float32)
+    l0c[mad_m:] = 7.0
+    l0c[:, mad_n:] = 7.0
+    sentinel = l0c.copy()
+
+    expected = np.zeros((mad_m, mad_n))
+    for step, k0 in enumerate((0, mad_k)):
+        _cube_product(l1a, sfa, l1b, sfb, extra, 1, k0, mad_m, mad_n, mad_k, with_sf, l0c, step == 0)
+        a = _ref_scaled(l1a, sfa, extra, k0, mad_m, mad_k, with_sf)
+        b = _ref_scaled(l1b, sfb, 1, k0, mad_n, mad_k, with_sf)
+        expected += a @ b.T
+        np.testing.assert_allclose(l0c[:mad_m, :mad_n], expected, rtol=0, atol=_tol(a, b) * (step + 1))
+
+    np.testing.assert_array_equal(l0c[mad_m:], sentinel[mad_m:])
+    np.testing.assert_array_equal(l0c[:, mad_n:], sentinel[:, mad_n:])
+
+
+@pytest.mark.parametrize("mad_m", list(range(1, 2 * cube.MR + 2)) + [64, 128])
+def test_mmad_every_row_tiling(rng, mad_m):
+    # Every mad_m from 1 up exercises each micro-kernel height (1..MR) and the balanced remainder split.
+    mad_n, mad_k = 32, 40
+    a = rng.standard_normal((mad_m, mad_k)).astype(np.float32)
+    b = rng.standard_normal((mad_n, mad_k)).astype(np.float32)
+    start = rng.standard_normal((mad_m, mad_n)).astype(np.float32)
+    l0c = start.copy()
+    sf = np.zeros((1, 1), dtype=np.uint8)
+    _cube_product(a, sf, b, sf, 0, 0, 0, mad_m, mad_n, mad_k, False, l0c, False)
+    expected = start.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64).T
+    np.testing.assert_allclose(l0c, expected, rtol=0, atol=_tol(a, b) + 1e-5)
+
+
+@pytest.mark.parametrize("mad_n, mad_k", [(24, 20), (8, 13), (40, 7), (cube.NR + 8, 64)])
+def test_mmad_odd_sizes_outside_the_contract(rng, mad_n, mad_k):
+    # Outside the contract's multiples (partial B panels, K not a multiple of 8): the scalar fallbacks and the
+    # scratch-tile path must still be exact to fp32 accumulation, and must not touch L0C past mad_n.
+    mad_m = 13
+    a = rng.standard_normal((mad_m, mad_k)).astype(np.float32)
+    b = rng.standard_normal((mad_n, mad_k)).astype(np.float32)
+    l0c = np.full((mad_m, mad_n + 3), np.nan, dtype=np.float32)
+    sf = np.zeros((1, 1), dtype=np.uint8)
+    _cube_product(a, sf, b, sf, 0, 0, 0, mad_m, mad_n, mad_k, False, l0c, True)
+    expected = a.astype(np.float64) @ b.astype(np.float64).T
+    np.testing.assert_allclose(l0c[:, :mad_n], expected, rtol=0, atol=_tol(a, b))
+    assert np.all(np.isnan(l0c[:, mad_n:]))
+
+
+def test_mmad_strided_l0c_views(rng):
+    # L0C as a sub-tile view (row stride > mad_n) takes the fast path; a column-strided view the reference path.
+    mad_m, mad_n, mad_k = 20, 48, 64
+    a = rng.standard_normal((mad_m, mad_k)).astype(np.float32)
+    b = rng.standard_normal((mad_n, mad_k)).astype(np.float32)
+    sf = np.zeros((1, 1), dtype=np.uint8)
+    expected = a.astype(np.float64) @ b.astype(np.float64).T
+    big = np.zeros((64, 128), dtype=np.float32)
+    _cube_product(a, sf, b, sf, 0, 0, 0, mad_m, mad_n, mad_k, False, big[8 : 8 + mad_m, 16 : 16 + mad_n], True)
+    np.testing.assert_allclose(big[8 : 8 + mad_m, 16 : 16 + mad_n], expected, rtol=0, atol=_tol(a, b))
+    assert not big[:8].any() and not big[8 + mad_m :].any() and not big[:, : 16].any()
+    wide = np.zeros((mad_m, 2 * mad_n), dtype=np.float32)
+    _cube_product(a, sf, b, sf, 0, 0, 0, mad_m, mad_n, mad_k, False, wide[:, ::2], True)
+    np.testing.assert_allclose(wide[:, ::2], expected, rtol=0, atol=_tol(a, b))
+    assert not wide[:, 1::2].any()
+
+
+def test_loads_from_strided_l1_and_sf_views(rng):
+    # L1 and scale buffers as views (a ring-buffer slot, a column-strided view, a transposed sf view) give the same
+    # bits as contiguous copies, and the right product.
+    mad_m, mad_n, mad_k = 24, 32, 64
+    big_a = rng.standard_normal((2 * mad_m, mad_k)).astype(np.float32)
+    big_b = rng.standard_normal((mad_n, 2 * mad_k)).astype(np.float32)
+    l1a, l1b = big_a[mad_m:], big_b[:, ::2]  # a ring slot (row offset), a column-strided view
+    sfa = rng.integers(118, 136, size=(2, mad_m), dtype=np.uint8).T  # [rows, blocks] with strides (1, rows)
+    sfb = rng.integers(118, 136, size=(mad_n, 2), dtype=np.uint8)
+    out = []
+    for a, b, sa, sb in ((l1a, l1b, sfa, sfb), tuple(np.ascontiguousarray(x) for x in (l1a, l1b, sfa, sfb))):
+        l0c = np.empty((mad_m, mad_n), dtype=np.float32)
+        _cube_product(a, sa, b, sb, 0, 0, 0, mad_m, mad_n, mad_k, True, l0c, True)
+        out.append(l0c)
+    np.testing.assert_array_equal(out[0], out[1])
+    a_ref = _ref_scaled(np.ascontiguousarray(l1a), np.ascontiguousarray(sfa), 0, 0, mad_m, mad_k)
+    b_ref = _ref_scaled(np.ascontiguousarray(l1b), sfb, 0, 0, mad_n, mad_k)
+    np.testing.assert_allclose(out[0], a_ref @ b_ref.T, rtol=0, atol=_tol(a_ref, b_ref))
+
+
+def test_mmad_is_deterministic_and_matches_a_sequential_fma_chain(rng):
+    # Each C element is one fp32 FMA chain along K (the same for every tiling and thread count). Emulated in float64:
+    # a * b is exact there; a * b + c rounds twice (to float64, then float32), which equals one FMA rounding except
+    # in vanishingly rare ties, so a seeded case is stable.
+    mad_m, mad_n, mad_k = 7, 16, 300
+    a = rng.standard_normal((mad_m, mad_k)).astype(np.float32)
+    b = rng.standard_normal((mad_n, mad_k)).astype(np.float32)
+    sf = np.zeros((1, 1), dtype=np.uint8)
+    out = [np.empty((mad_m, mad_n), dtype=np.float32) for _ in range(2)]
+    for l0c in out:
+        _cube_product(a, sf, b, sf, 0, 0, 0, mad_m, mad_n, mad_k, False, l0c, True)
+    np.testing.assert_array_equal(out[0], out[1])
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    c = np.zeros((mad_m, mad_n), dtype=np.float32)
+    for kk in range(mad_k):
+        c = (np.outer(a64[:, kk], b64[:, kk]) + c).astype(np.float32)
+    np.testing.assert_array_equal(out[0], c)
+
+
+def test_bad_arguments_raise():
+    l1 = np.zeros((16, 64), dtype=np.float32)
+    sf = np.zeros((16, 2), dtype=np.uint8)
+    l0 = np.zeros(cube.l0b_size(16, 64), dtype=np.float32)
+    with pytest.raises(ValueError, match="exceeds the L1 buffer"):
+        cube.load_l0a(l0, l1, sf, 8, 0, 16, 64, False)
+    with pytest.raises(ValueError, match="smaller than"):
+        cube.load_l0b(l0[:100], l1, sf, 0, 0, 16, 64, False)
+    with pytest.raises(ValueError, match="scale-factor"):
+        cube.load_l0b(l0, l1, sf[:, :1], 0, 0, 16, 64, True)
+    with pytest.raises(ValueError, match="L0C is smaller"):
+        cube.mmad(np.zeros((8, 16), np.float32), l0, l0, 16, 16, 64, True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Machine code of the micro-kernel
+# ---------------------------------------------------------------------------------------------------------------
+def _loop_blocks(asm: str) -> list[list[str]]:
+    """Basic blocks (label + instructions) of an x86 asm listing."""
+    blocks, current = [], []
+    for line in asm.splitlines():
+        if re.match(r"^\.?L\w+:", line):
+            blocks.append(current)
+            current = [line]
+        elif line.startswith("\t") and not line.strip().startswith("."):
+            current.append(line.strip())
+    blocks.append(current)
+    return blocks
+
+
+def test_microkernel_compiles_to_full_width_fma_without_spills():
+    from numba import njit, types
+
+    bits = vector_width_bits()
+    if bits < 256:
+        pytest.skip(f"host has {bits}-bit vectors only")
+    reg = {256: "ymm", 512: "zmm"}[bits]
+    ptr = types.CPointer(types.float32)
+    signature = (types.intp, types.intp, ptr, types.intp, ptr, ptr, types.intp, types.boolean)
+    # NOTES: a fresh (uncached) compile of the same function: numba cannot show asm of code loaded from its cache.
+    fresh = njit(cube._microkernel.py_func)
+    fresh.compile(signature)
+    asm = fresh.inspect_asm(signature)
+
+    fma = re.compile(rf"^vfmadd\d+ps\s.*%{reg}\d+,\s*%{reg}\d+$|^vfmadd\d+ps\s.*%{reg}\d+$")
+    hot = [b for b in _loop_blocks(asm) if sum(bool(fma.match(i)) for i in b) >= cube.MR * cube.NR // cube.LANES]
+    assert hot, f"no basic block with {cube.MR * cube.NR // cube.LANES} packed {reg} FMAs: micro-kernel lost its FMAs"
+    for block in hot:
+        narrow = [i for i in block if i.startswith("vfmadd") and f"%{reg}" not in i]
+        assert not narrow, f"narrower FMAs in the hot loop: {narrow[:3]}"
+        spills = [i for i in block if "(%rsp)" in i and "%" + reg in i]
+        assert not spills, f"vector register spills in the hot loop: {spills[:3]}"

@@ -1,0 +1,53 @@
+"""The swizzled persistent schedule (deep_gemm.device.scheduler): a bijection over all tiles for any grid and core
+count, row-major for small M, super-rows of group_m M-blocks, chunks of one wave, snake order on odd super-rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from deep_gemm.device import scheduler
+
+
+@pytest.mark.parametrize("num_cores", [1, 7, 24, 28, 32])
+@pytest.mark.parametrize("group_m", [1, 2, 4])
+def test_bijection(num_cores, group_m):
+    for num_m in (1, 2, 3, 4, 5, 8, 9, 13):
+        for num_n in (1, 3, 7, 8, 9, 16, 17, 33):
+            order = scheduler.tile_order(num_m, num_n, group_m, num_cores)
+            assert order[:, 0].min() >= 0 and order[:, 0].max() < num_m
+            assert order[:, 1].min() >= 0 and order[:, 1].max() < num_n
+            linear = order[:, 0] * num_n + order[:, 1]
+            assert np.array_equal(np.sort(linear), np.arange(num_m * num_n)), (num_m, num_n)
+
+
+def test_small_m_is_row_major():
+    order = scheduler.tile_order(3, 5, 4, 32)
+    np.testing.assert_array_equal(order, np.stack(np.divmod(np.arange(15), 5), axis=1))
+
+
+def test_chunk_xor_and_snake():
+    # 8 M-blocks x 16 N-blocks on 32 cores: 2 super-rows of 2 chunks (4 M x 8 N) each.
+    order = scheduler.tile_order(8, 16, 4, 32)
+    first_wave = order[:32]
+    assert set(map(tuple, first_wave)) == {(m, n) for m in range(4) for n in range(8)}
+    # M fastest inside a chunk, N XOR-ed by the M index
+    for idx, (m, n) in enumerate(first_wave):
+        assert m == idx % 4 and n == (idx // 4) ^ (idx % 4)
+    # super-row 1 starts with the chunk where super-row 0 ended (N-blocks 8..15), then goes back to 0..7
+    assert set(order[64:96, 1]) == set(range(8, 16)) and set(order[64:96, 0]) == {4, 5, 6, 7}
+    assert set(order[96:128, 1]) == set(range(8)) and set(order[32:64, 1]) == set(range(8, 16))
+
+
+def test_leftovers():
+    # 6 M-blocks x 10 N-blocks on 32 cores: chunk_n 8, leftover N 2 (column-major), leftover M 2 (row-major)
+    order = scheduler.tile_order(6, 10, 4, 32)
+    tail_n = order[32:40]
+    np.testing.assert_array_equal(tail_n, [[m, 8 + j] for j in range(2) for m in range(4)])
+    tail_m = order[40:]
+    np.testing.assert_array_equal(tail_m, [[4 + i, j] for i in range(2) for j in range(10)])
+
+
+def test_tile_order_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="num_n_blocks=0"):
+        scheduler.tile_order(2, 0)
