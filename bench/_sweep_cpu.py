@@ -1,0 +1,429 @@
+"""CPU mode of the sweep: this machine's ceiling and bandwidth, operand generation, the numpy baseline a user would
+write, the deep_gemm stand-in runner (swappable, so tests need not wait for kernels), and per-shape timing.
+
+Measures only; decides nothing about shapes or output files (sweep.py does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import statistics
+import time
+import types
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import ml_dtypes
+import numpy as np
+
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
+E4M3_MAX = 448.0
+SF_GRAN_K = 32
+# NOTES: operands are generated, quantized and compared in row chunks of about this many elements, so no fp32 or
+# fp64 temporary of a whole 16384 x 36864 tensor is ever alive.
+_CHUNK_ELEMS = 1 << 23
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# This machine: ceiling, bandwidth, free memory
+# ---------------------------------------------------------------------------------------------------------------
+
+def measure_cpu_ceiling(sizes: Iterable[int] = (1024, 2048, 3072, 4096), repeats: int = 3) -> dict:
+    """Best fp32 GFLOP/s numpy (its BLAS, all threads) reaches on square ``a @ b.T`` of these sizes.
+
+    Returns {"peak_gflops": best, "per_size": {size: best GFLOP/s}}."""
+    rng = np.random.default_rng(0)
+    per_size: dict[int, float] = {}
+    for size in sizes:
+        a = rng.random((size, size), dtype=np.float32)
+        b = rng.random((size, size), dtype=np.float32)
+        out = np.empty((size, size), np.float32)
+        np.matmul(a, b.T, out=out)  # warm-up: BLAS threads, page faults
+        best = min(_timed(lambda a=a, b=b, out=out: np.matmul(a, b.T, out=out)) for _ in range(repeats))
+        per_size[size] = 2 * size**3 / best / 1e9
+    return {"peak_gflops": max(per_size.values()), "per_size": per_size}
+
+
+def measure_cpu_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> dict:
+    """Best copy bandwidth of one large numpy copy (np.copyto), counted as bytes read + bytes written, in GB/s."""
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.zeros_like(src)
+    np.copyto(dst, src)
+    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(repeats))
+    return {"bandwidth_gbs": 2 * src.nbytes / best / 1e9, "copy_bytes": src.nbytes}
+
+
+def mem_available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else free physical pages; bytes."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def shape_memory_bytes(dtype: str, m: int, n: int, k: int) -> int:
+    """Peak bytes one CPU-mode shape needs: A, B (and fp32 scales), D, the baseline's fp32 copies of A and B, its
+    fp32 product and the product's bf16 cast, plus chunk temporaries and 10 % for the stand-in's own buffers."""
+    kb = math.ceil(k / SF_GRAN_K)
+    if dtype == "bf16":
+        operands = 2 * (m + n) * k
+    else:
+        operands = (m + n) * k + 4 * (m + n) * kb
+    d = 2 * m * n
+    baseline = 4 * (m + n) * k + 4 * m * n + 2 * m * n
+    if dtype == "fp8" and k % SF_GRAN_K:
+        baseline += 4 * max(m, n) * k  # the repeated-scale temporary of an unaligned K
+    chunks = 4 * 8 * _CHUNK_ELEMS
+    return int(1.1 * (operands + d + baseline) + chunks)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Operands
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class GemmCase:
+    """One shape's operands as the public API takes them. bf16: a [m, k], b [n, k] bfloat16, sfa = sfb = None.
+    fp8: a, b float8_e4m3fn codes, sfa [m, ceil(k/32)], sfb [n, ceil(k/32)] fp32 powers of two. d: bf16 [m, n]."""
+
+    dtype: str
+    m: int
+    n: int
+    k: int
+    a: np.ndarray
+    b: np.ndarray
+    d: np.ndarray
+    sfa: np.ndarray | None = None
+    sfb: np.ndarray | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _rows_per_chunk(cols: int) -> int:
+    return max(1, _CHUNK_ELEMS // max(cols, 1))
+
+
+def random_bf16(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    """Uniform values in [-1, 1) as a bfloat16 [rows, cols] array, generated in row chunks."""
+    out = np.empty((rows, cols), BF16)
+    step = _rows_per_chunk(cols)
+    for r0 in range(0, rows, step):
+        x = rng.random((min(step, rows - r0), cols), dtype=np.float32)
+        x *= 2.0
+        x -= 1.0
+        out[r0:r0 + x.shape[0]] = x.astype(BF16)
+    return out
+
+
+def _own_per_token_cast_to_fp8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """fp32 [r, c] -> (e4m3fn codes [r, c], fp32 power-of-two scales [r, ceil(c/32)]): per 32-wide block of a row,
+    scale = 2^ceil(log2(amax / 448)) (UE8M0), codes = x / scale rounded to e4m3."""
+    rows, cols = x.shape
+    kb = math.ceil(cols / SF_GRAN_K)
+    padded = np.zeros((rows, kb * SF_GRAN_K), np.float32)
+    padded[:, :cols] = x
+    blocks = padded.reshape(rows, kb, SF_GRAN_K)
+    amax = np.maximum(np.abs(blocks).max(axis=2), 1e-4)
+    sf = np.exp2(np.ceil(np.log2(amax / E4M3_MAX))).astype(np.float32)
+    codes = (blocks / sf[:, :, None]).reshape(rows, kb * SF_GRAN_K)[:, :cols].astype(FP8)
+    return codes, sf
+
+
+def _per_token_cast() -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """deep_gemm.utils.per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32) when the library has it, else ours."""
+    try:
+        from deep_gemm import utils as dg_utils
+
+        cast = getattr(dg_utils, "per_token_cast_to_fp8", None)
+    except Exception:  # noqa: BLE001 (a teammate's half-written module must not stop the sweep)
+        cast = None
+    if cast is None:
+        return _own_per_token_cast_to_fp8
+
+    def library_cast(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        codes, sf = cast(x, use_ue8m0=True, gran_k=SF_GRAN_K)
+        return np.asarray(codes), np.asarray(sf, dtype=np.float32)
+
+    return library_cast
+
+
+def random_fp8(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """Uniform [-1, 1) values quantized per token (1 x 32 blocks, UE8M0 scales): (e4m3fn codes, fp32 scales)."""
+    cast = _per_token_cast()
+    codes = np.empty((rows, cols), FP8)
+    sf = np.empty((rows, math.ceil(cols / SF_GRAN_K)), np.float32)
+    step = _rows_per_chunk(cols)
+    for r0 in range(0, rows, step):
+        x = rng.random((min(step, rows - r0), cols), dtype=np.float32)
+        x *= 2.0
+        x -= 1.0
+        c, s = cast(x)
+        codes[r0:r0 + x.shape[0]] = c
+        sf[r0:r0 + x.shape[0]] = s
+    return codes, sf
+
+
+def make_case(dtype: str, m: int, n: int, k: int, rng: np.random.Generator) -> GemmCase:
+    """Random operands for one shape; D is zero-filled bf16."""
+    d = np.zeros((m, n), BF16)
+    if dtype == "bf16":
+        return GemmCase(dtype, m, n, k, random_bf16(rng, m, k), random_bf16(rng, n, k), d)
+    if dtype == "fp8":
+        a, sfa = random_fp8(rng, m, k)
+        b, sfb = random_fp8(rng, n, k)
+        return GemmCase(dtype, m, n, k, a, b, d, sfa, sfb)
+    raise ValueError(f"{dtype=} must be 'bf16' or 'fp8'")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The numpy baseline a user would otherwise write
+# ---------------------------------------------------------------------------------------------------------------
+
+def dequantize(codes: np.ndarray, sf: np.ndarray) -> np.ndarray:
+    """FP8 codes [r, c] times their per-32-block scales [r, ceil(c/32)] -> fp32 [r, c]."""
+    x = codes.astype(np.float32)
+    rows, cols = x.shape
+    if cols % SF_GRAN_K == 0:
+        x.reshape(rows, cols // SF_GRAN_K, SF_GRAN_K)[...] *= sf[:, :, None]
+    else:
+        x *= np.repeat(sf, SF_GRAN_K, axis=1)[:, :cols]
+    return x
+
+
+def baseline_product(case: GemmCase) -> np.ndarray:
+    """The baseline's fp32 product: bf16 -> fp32 then ``a @ b.T``; fp8 -> decode, scale, ``a @ b.T``."""
+    if case.dtype == "bf16":
+        return case.a.astype(np.float32) @ case.b.astype(np.float32).T
+    return dequantize(case.a, case.sfa) @ dequantize(case.b, case.sfb).T
+
+
+def calc_diff(x: np.ndarray, y: np.ndarray) -> float:
+    """DeepGEMM's metric 1 - 2 sum(xy) / sum(x^2 + y^2) in float64 (0 when both are all zero), accumulated over row
+    chunks so a 16384 x 36864 output needs no whole-tensor float64 copy. Same formula as deep_gemm.testing's."""
+    if x.shape != y.shape:
+        raise ValueError(f"calc_diff needs equal shapes, got {x.shape=} {y.shape=}")
+    x2 = x.reshape(x.shape[0], -1) if x.ndim else x.reshape(1, 1)
+    y2 = y.reshape(y.shape[0], -1) if y.ndim else y.reshape(1, 1)
+    sxy = sxx = 0.0
+    step = _rows_per_chunk(x2.shape[1])
+    for r0 in range(0, x2.shape[0], step):
+        xs = x2[r0:r0 + step].astype(np.float64).ravel()
+        ys = y2[r0:r0 + step].astype(np.float64).ravel()
+        sxy += float(np.dot(xs, ys))
+        sxx += float(np.dot(xs, xs)) + float(np.dot(ys, ys))
+    if sxx == 0.0:
+        return 0.0
+    return 1.0 - 2.0 * sxy / sxx
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Runners: deep_gemm on this machine, and what tests swap in
+# ---------------------------------------------------------------------------------------------------------------
+
+class DeepGemmRunner:
+    """Runs the stand-in through the public API: ``bf16_gemm_nt(a, b, d)`` or ``fp8_gemm_nt((a, sfa), (b, sfb), d)``
+    under ``runtime_scope(arch=, num_ai_cores=)``; precompiles kernels in parallel with ``testing.par_compile``."""
+
+    name = "deep_gemm"
+
+    def __init__(self, arch: str | None = None, num_ai_cores: int | None = None, max_workers: int | None = None,
+                 precompile: bool = True) -> None:
+        self.arch = arch
+        self.num_ai_cores = num_ai_cores
+        self.max_workers = max_workers
+        self.use_precompile = precompile
+
+    def check_available(self) -> None:
+        """Raise RuntimeError naming what is missing if the public GEMMs cannot be resolved."""
+        import deep_gemm
+
+        missing = []
+        for name in ("bf16_gemm_nt", "fp8_gemm_nt", "runtime_scope"):
+            try:
+                getattr(deep_gemm, name)
+            except Exception as e:  # noqa: BLE001
+                missing.append(f"deep_gemm.{name} ({type(e).__name__}: {e})")
+        if missing:
+            raise RuntimeError("cpu mode needs " + "; ".join(missing))
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        import deep_gemm
+
+        with deep_gemm.runtime_scope(arch=self.arch, num_ai_cores=self.num_ai_cores):
+            yield
+
+    def target(self) -> tuple[str, int]:
+        """(arch name, logical AI cores) the kernels are built for."""
+        import deep_gemm
+
+        with self.scope():
+            return deep_gemm.get_npu_arch(), deep_gemm.get_num_ai_cores()
+
+    def run(self, case: GemmCase) -> object:
+        import deep_gemm
+
+        if case.dtype == "bf16":
+            return deep_gemm.bf16_gemm_nt(case.a, case.b, case.d)
+        return deep_gemm.fp8_gemm_nt((case.a, case.sfa), (case.b, case.sfb), case.d)
+
+    def config(self, dtype: str, m: int, n: int, k: int) -> object | None:
+        """The heuristic's config for a shape (what the kernel would be built with), or None if unavailable."""
+        try:
+            from deep_gemm.heuristics import get_best_config
+            from deep_gemm.heuristics.config import GemmDesc
+        except ImportError:
+            return None
+        import deep_gemm
+
+        with self.scope():
+            desc = GemmDesc(m, n, k, a_dtype=dtype, b_dtype=dtype, out_dtype="bf16",
+                            num_ai_cores=deep_gemm.get_num_ai_cores())
+            return get_best_config(desc, deep_gemm.get_arch_spec())
+
+    def precompile(self, tasks: list[tuple[str, int, int, int]]) -> dict:
+        """Build every kernel the tasks need, in parallel worker processes (dry run: nothing launches).
+
+        Tasks sharing (dtype, n, k, config) share a kernel (M is a runtime argument under compiled_dims="nk"), so
+        one representative each is built. Returns {"kernels": count, "seconds": wall time, "error": str|None}."""
+        if not self.use_precompile or not tasks:
+            return {"kernels": 0, "seconds": 0.0, "error": None}
+        try:
+            par_compile = _resolve_par_compile()
+        except (ImportError, AttributeError) as e:
+            return {"kernels": 0, "seconds": 0.0, "error": f"no deep_gemm.testing.par_compile ({e}); warm-up compiles"}
+        unique: dict[tuple, tuple[str, int, int, int]] = {}
+        for dtype, m, n, k in tasks:
+            try:
+                config = self.config(dtype, m, n, k)
+            except Exception:  # noqa: BLE001 (the warm-up call will report the real error for this shape)
+                config = None
+            key = (dtype, n, k, repr(config)) if config is not None else (dtype, m, n, k)
+            unique.setdefault(key, (dtype, m, n, k))
+        callables = [functools.partial(_dry_run_one, dtype, m, n, k, self.arch, self.num_ai_cores)
+                     for dtype, m, n, k in unique.values()]
+        start = time.perf_counter()
+        error = None
+        try:
+            par_compile(callables, max_workers=self.max_workers, progress=True)
+        except Exception as e:  # noqa: BLE001 (each shape's warm-up call compiles and records its own error)
+            error = f"{type(e).__name__}: {e}"
+        return {"kernels": len(callables), "seconds": time.perf_counter() - start, "error": error}
+
+
+def _resolve_par_compile() -> Callable:
+    """The par_compile function, whether deep_gemm.testing re-exports it or only has the module of that name."""
+    import importlib
+
+    func = getattr(importlib.import_module("deep_gemm.testing"), "par_compile", None)
+    if func is None or isinstance(func, types.ModuleType):
+        func = importlib.import_module("deep_gemm.testing.par_compile").par_compile
+    return func
+
+
+def _dry_run_one(dtype: str, m: int, n: int, k: int, arch: str | None, num_ai_cores: int | None) -> None:
+    """One precompile task (runs in a par_compile worker, inside dry_run): the call a shape makes, on zero-filled
+    operands of the right shapes (numpy maps zeros lazily, so even 16384^2 operands cost no memory here)."""
+    import deep_gemm
+
+    d = np.zeros((m, n), BF16)
+    with deep_gemm.runtime_scope(arch=arch, num_ai_cores=num_ai_cores):
+        if dtype == "bf16":
+            deep_gemm.bf16_gemm_nt(np.zeros((m, k), BF16), np.zeros((n, k), BF16), d)
+        else:
+            kb = math.ceil(k / SF_GRAN_K)
+            deep_gemm.fp8_gemm_nt((np.zeros((m, k), FP8), np.ones((m, kb), np.float32)),
+                                  (np.zeros((n, k), FP8), np.ones((n, kb), np.float32)), d)
+
+
+class NumpyRunner:
+    """A stand-in substitute for tests and dry plumbing runs: the baseline's math written into ``d``. Its config is
+    None. Not a benchmark of anything."""
+
+    name = "numpy"
+
+    def __init__(self, arch: str = "950DT", num_ai_cores: int = 32, fail_on: Iterable[tuple] = ()) -> None:
+        self.arch = arch
+        self.num_ai_cores = num_ai_cores
+        self.fail_on = set(fail_on)  # (dtype, m, n, k) shapes whose run raises, to exercise error rows
+        self.calls: list[tuple[str, int, int, int]] = []
+
+    def check_available(self) -> None:
+        return None
+
+    def scope(self):
+        return contextlib.nullcontext()
+
+    def target(self) -> tuple[str, int]:
+        return self.arch, self.num_ai_cores
+
+    def run(self, case: GemmCase) -> None:
+        shape = (case.dtype, case.m, case.n, case.k)
+        self.calls.append(shape)
+        if shape in self.fail_on:
+            raise RuntimeError(f"injected failure for {shape}")
+        case.d[...] = baseline_product(case).astype(BF16)
+
+    def config(self, dtype: str, m: int, n: int, k: int) -> None:
+        return None
+
+    def precompile(self, tasks: list) -> dict:
+        return {"kernels": 0, "seconds": 0.0, "error": None}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Timing one shape
+# ---------------------------------------------------------------------------------------------------------------
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+@dataclass
+class Timing:
+    time_s: float  # median of the timed runs of the stand-in
+    baseline_time_s: float  # median of the baseline's
+    repeats: int
+    config: object
+    calc_diff: float
+
+
+def time_shape(runner, case: GemmCase, *, min_repeats: int = 3, max_repeats: int = 10,
+               target_s: float = 0.5) -> Timing:
+    """Warm both sides once (untimed: loads or compiles the kernel, faults pages in), then time stand-in and
+    baseline alternately, n times each, n = target_s / warm-up time clamped to [min_repeats, max_repeats].
+
+    The baseline's timed work includes its decode and the cast of its product to bf16 (what a user's code pays);
+    calc_diff compares the stand-in's D with the baseline's fp32 product."""
+    held: list[np.ndarray] = []
+
+    def stand_in() -> object:
+        return runner.run(case)
+
+    def baseline() -> None:
+        held.clear()  # NOTES: drop the previous product first, so two fp32 M x N products are never alive at once
+        product = baseline_product(case)
+        product.astype(BF16)
+        held.append(product)
+
+    start = time.perf_counter()
+    config = stand_in()
+    warm = time.perf_counter() - start
+    warm = max(warm, _timed(baseline))
+    repeats = min(max_repeats, max(min_repeats, math.ceil(target_s / max(warm, 1e-9))))
+    ours, theirs = [], []
+    for _ in range(repeats):
+        ours.append(_timed(stand_in))
+        theirs.append(_timed(baseline))
+    diff = calc_diff(case.d, held[0])
+    return Timing(statistics.median(ours), statistics.median(theirs), repeats, config, diff)

@@ -1,0 +1,356 @@
+"""The 1,055-shape GEMM sweep (bench/shapes.py), measured on this CPU (the deep_gemm stand-in against the numpy
+baseline a user would write) and/or predicted for the modelled Ascend NPU (deep_gemm.estimate_gemm), for BF16 and
+FP8 operands; writes DIR/results.csv row by row, DIR/summary.json and PNG plots, and prints a summary.
+
+    python bench/sweep.py --mode model --dtype both          # 2,110 predictions for the 950DT, in seconds
+    python bench/sweep.py --mode both --quick                 # the 11-shape stratified subset, both modes
+    python bench/sweep.py --mode cpu --out sweep_out --resume # continue an interrupted CPU sweep
+
+Numbers from ``mode=cpu`` are measured on this machine; numbers from ``mode=model`` are predictions for the chip.
+
+results.csv schema (one row per (mode, dtype, m, n, k); the same columns for every mode; empty = not applicable):
+    mode              "cpu" (measured here) or "model" (predicted for the modelled NPU)
+    dtype             operand dtype, "bf16" or "fp8" (e4m3 with 1x32 UE8M0 scales); D is always bf16
+    m, n, k           D[m, n] = A[m, k] @ B[n, k]^T
+    arch              cpu: the arch the stand-in's kernels are built for; model: the modelled NPU
+    num_ai_cores      logical AI cores of the kernel (cpu) or of the modelled chip (model)
+    status            "ok", "skipped" (reason in error, e.g. not enough free memory) or "failed" (error)
+    error             why the row is skipped or failed; empty when ok
+    flops             2MNK
+    bytes             compulsory traffic: A + B at their dtype (+ fp8 scales) + D in bf16
+    intensity         flops / bytes [FLOP/B]
+    peak_gflops       the machine's peak: cpu = measured numpy fp32 ceiling; model = Cube peak for dtype [GFLOP/s]
+    bandwidth_gbs     cpu = measured copy bandwidth; model = the arch's HBM bandwidth [GB/s]
+    ridge             peak / bandwidth [FLOP/B]
+    compute_bound     1 if intensity > ridge, else 0
+    time_us           cpu: median stand-in time (warm, compile excluded); model: predicted time [us]
+    gflops            flops / time [GFLOP/s]
+    frac_peak         gflops / peak_gflops
+    frac_attainable   gflops / min(peak_gflops, intensity * bandwidth_gbs)
+    bound             model: the binding unit the model reports ("cube", "l2", "hbm", "fixpipe", ...); cpu: empty
+    baseline_time_us  cpu: median time of the numpy baseline (decode + fp32 a @ b.T + cast to bf16) [us]
+    baseline_gflops   cpu: flops / baseline time
+    baseline_frac_peak  cpu: baseline_gflops / peak_gflops
+    speedup           cpu: baseline_time_us / time_us (> 1: the stand-in is faster)
+    calc_diff         cpu: 1 - 2 sum(xy) / sum(x^2 + y^2) of the stand-in's D against the baseline's fp32 product
+    repeats           cpu: timed runs per side (after one untimed warm-up each)
+    config            the kernel config, "field=value ..." (GemmConfig fields)
+
+Resume: ``--resume`` appends to DIR/results.csv and skips keys whose last row is ok or skipped; failed rows are
+retried, and the newest row of a key is the one that counts. Without it an existing results.csv is moved to
+results.csv.bak. Ctrl-C keeps every finished row (each is flushed) and still writes the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+# NOTES: bench/ is a folder of scripts, not a package; its helpers import each other by bare name.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import shapes as shapes_mod  # noqa: E402
+from _sweep_csv import (  # noqa: E402
+    ResultsWriter,
+    config_to_str,
+    describe_error,
+    done_keys,
+    new_row,
+    read_results,
+    row_key,
+    set_performance,
+)
+from _sweep_report import format_summary, summarize, write_plots, write_summary  # noqa: E402
+
+DTYPES = ("bf16", "fp8")
+MODES = ("model", "cpu")
+# NOTES: leave room for the other processes of a shared machine; a shape needing more than this share of
+# MemAvailable is skipped, not attempted.
+MEM_FRACTION = 0.85
+CEILING_SIZES = (1024, 2048, 3072, 4096)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--mode", choices=("model", "cpu", "both"), default="model",
+                   help="model (default): predict for the NPU, seconds; cpu: run deep_gemm here (hours for all shapes)")
+    p.add_argument("--dtype", choices=("bf16", "fp8", "both"), default="both", help="operand dtype (default both)")
+    p.add_argument("--quick", action="store_true", help="the stratified 11-shape subset (bench/shapes.py)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N shapes of the selection")
+    p.add_argument("--shapes", type=Path, default=None, metavar="FILE",
+                   help='shape file: CSV with m,n,k columns, or "M N K" lines')
+    p.add_argument("--out", type=Path, default=Path("sweep_out"), metavar="DIR",
+                   help="output directory (default sweep_out/)")
+    p.add_argument("--resume", action="store_true", help="append to DIR/results.csv, skipping finished rows")
+    p.add_argument("--arch", default=None, help="modelled NPU / kernel target: 950DT (default), 950PR, 910B2")
+    p.add_argument("--num-ai-cores", type=int, default=None, help="logical AI cores (default: all of the arch's)")
+    p.add_argument("--repeats", type=int, default=3, help="cpu: minimum timed runs per side (default 3)")
+    p.add_argument("--max-repeats", type=int, default=10, help="cpu: maximum timed runs per side (default 10)")
+    p.add_argument("--target-seconds", type=float, default=0.5,
+                   help="cpu: aim for this much timed work per side and shape, within the repeat bounds")
+    p.add_argument("--seed", type=int, default=0, help="cpu: operand RNG seed")
+    p.add_argument("--max-mem-gb", type=float, default=None,
+                   help=f"cpu: memory budget per shape in GiB (default {MEM_FRACTION * 100:.0f}%% of MemAvailable, "
+                        "read before each shape)")
+    p.add_argument("--workers", type=int, default=None, help="cpu: precompile worker processes (default: CPUs)")
+    p.add_argument("--no-precompile", action="store_true", help="cpu: compile in each shape's untimed warm-up")
+    p.add_argument("--ceiling-gflops", type=float, default=None, help="cpu: use this ceiling instead of measuring")
+    p.add_argument("--bandwidth-gbs", type=float, default=None, help="cpu: use this bandwidth instead of measuring")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.quick and args.shapes is not None:
+        parser.error("--quick selects from the built-in set; it cannot be combined with --shapes")
+    if args.limit is not None and args.limit < 1:
+        parser.error(f"--limit must be >= 1, got {args.limit}")
+    if args.repeats < 1 or args.max_repeats < args.repeats:
+        parser.error(f"need 1 <= --repeats <= --max-repeats, got {args.repeats=} {args.max_repeats=}")
+    for name in ("ceiling_gflops", "bandwidth_gbs", "max_mem_gb", "target_seconds"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            parser.error(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    return args
+
+
+def select_shapes(args: argparse.Namespace) -> list[shapes_mod.Shape]:
+    """The shapes of this run: --shapes FILE, else --quick's subset, else all 1,055; then the first --limit."""
+    if args.shapes is not None:
+        selected = shapes_mod.load_shapes(args.shapes)
+    elif args.quick:
+        selected = shapes_mod.quick_shapes()
+    else:
+        selected = shapes_mod.all_shapes()
+    return selected[: args.limit] if args.limit is not None else selected
+
+
+def _progress(total: int, desc: str, unit: str, enabled: bool, scale: float = 1.0):
+    from tqdm import tqdm
+
+    # NOTES: redrawn 10x a second on a terminal, every 30 s into a log file (a redirected stderr).
+    interval = 0.1 if sys.stderr.isatty() else 30.0
+    # NOTES: totals are integers (shapes, or FLOPs shown as GFLOP through unit_scale) so the updates add up to the
+    # total exactly.
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=scale, disable=not enabled, dynamic_ncols=True,
+                smoothing=0.1, mininterval=interval, maxinterval=max(10.0, interval), file=sys.stderr,
+                bar_format="{l_bar}{bar}| {n:.4g}/{total:.4g} {unit} [{elapsed}<{remaining}]{postfix}")
+
+
+def _check_resume_target(existing: list[dict], mode: str, arch: str, num_ai_cores: int, path: Path) -> None:
+    """A resumed file must hold rows for the same target; mixing archs or core counts in one file is refused."""
+    other = {(r["arch"], r["num_ai_cores"]) for r in existing if r["mode"] == mode} - {(arch, num_ai_cores)}
+    if other:
+        raise SystemExit(f"{path} holds {mode} rows for {sorted(other)} but this run targets {(arch, num_ai_cores)}:"
+                         " use another --out")
+
+
+def run_model(args, shapes, dtypes, writer, existing, done, machine, *, estimator=None) -> None:
+    """Predict every pending (dtype, shape) with the chip model and append its row."""
+    from _sweep_model import chip_roofline, model_row, resolve_estimator
+
+    estimator = estimator or resolve_estimator()
+    for dtype in dtypes:
+        roof = chip_roofline(args.arch, args.num_ai_cores, dtype)
+        _check_resume_target(existing, "model", roof["arch"], roof["num_ai_cores"], writer.path)
+        machine["chip"].append({"dtype": dtype, **roof, "ridge": roof["peak_flops"] / roof["bandwidth_bytes_s"]})
+        pending = [s for s in shapes if ("model", dtype, *s) not in done]
+        print(f"model {dtype}: {len(pending)} of {len(shapes)} shapes to predict for {roof['arch']} "
+              f"({roof['num_ai_cores']} AI cores; MODELLED, not measured)", file=sys.stderr)
+        with _progress(len(pending), f"model {dtype}", "shape", not args.no_progress) as bar:
+            for m, n, k in pending:
+                writer.write(model_row(estimator, dtype, m, n, k, roof))
+                bar.update(1)
+
+
+def measure_machine(args, cpu_machine: dict | None) -> dict:
+    """This CPU's ceiling and bandwidth: given, from --ceiling-gflops/--bandwidth-gbs, or measured now."""
+    info = dict(cpu_machine or {})
+    if "peak_gflops" not in info:
+        if args.ceiling_gflops is not None:
+            info.update(peak_gflops=args.ceiling_gflops, ceiling_sizes="given")
+        else:
+            from _sweep_cpu import measure_cpu_ceiling
+
+            print("measuring the CPU ceiling (numpy fp32 squares) ...", file=sys.stderr, flush=True)
+            measured = measure_cpu_ceiling(CEILING_SIZES)
+            info.update(peak_gflops=measured["peak_gflops"], ceiling_sizes=list(CEILING_SIZES),
+                        ceiling_per_size={str(s): g for s, g in measured["per_size"].items()})
+    if "bandwidth_gbs" not in info:
+        if args.bandwidth_gbs is not None:
+            info["bandwidth_gbs"] = args.bandwidth_gbs
+        else:
+            from _sweep_cpu import measure_cpu_bandwidth
+
+            info["bandwidth_gbs"] = measure_cpu_bandwidth()["bandwidth_gbs"]
+    info.setdefault("ceiling_sizes", "given")
+    info["ridge"] = info["peak_gflops"] / info["bandwidth_gbs"]
+    print(f"CPU: ceiling {info['peak_gflops']:.1f} GFLOP/s, bandwidth {info['bandwidth_gbs']:.1f} GB/s, "
+          f"ridge {info['ridge']:.1f} FLOP/B", file=sys.stderr, flush=True)
+    return info
+
+
+def run_cpu(args, shapes, dtypes, writer, existing, done, machine, *, runner=None, cpu_machine=None,
+            mem_available=None) -> None:
+    """Time every pending (dtype, shape) on this CPU: stand-in vs numpy baseline; append one row each."""
+    import numpy as np
+    from _sweep_cpu import DeepGemmRunner, make_case, mem_available_bytes, shape_memory_bytes, time_shape
+
+    runner = runner or DeepGemmRunner(args.arch, args.num_ai_cores, args.workers, not args.no_precompile)
+    mem_available = mem_available or mem_available_bytes
+    arch, cores = runner.target()
+    _check_resume_target(existing, "cpu", arch, cores, writer.path)
+    tasks = [(dtype, *s) for dtype in dtypes for s in shapes if ("cpu", dtype, *s) not in done]
+    print(f"cpu: {len(tasks)} of {len(shapes) * len(dtypes)} (dtype, shape) runs to do; kernels built for {arch} "
+          f"with {cores} logical AI cores", file=sys.stderr, flush=True)
+    if not tasks:
+        return
+    info = measure_machine(args, cpu_machine)
+    info["target"] = f"{arch}, {cores} AI cores"
+    info["runner"] = runner.name
+    machine["cpu"] = info
+    peak, bandwidth = info["peak_gflops"] * 1e9, info["bandwidth_gbs"] * 1e9
+
+    with runner.scope():
+        pre = runner.precompile(tasks)
+        if pre["kernels"] or pre["error"]:
+            print(f"precompile: {pre['kernels']} kernels in {pre['seconds']:.1f} s"
+                  + (f" ({pre['error']})" if pre["error"] else ""), file=sys.stderr, flush=True)
+        info["precompile"] = pre
+        rng = np.random.default_rng(args.seed)
+        total = sum(shapes_mod.gemm_flops(m, n, k) for _, m, n, k in tasks)
+        with _progress(total, "cpu", "GFLOP", not args.no_progress, scale=1e-9) as bar:
+            for dtype, m, n, k in tasks:
+                bar.set_postfix_str(f"{dtype} {m}x{n}x{k}")
+                row = new_row("cpu", dtype, m, n, k, arch=arch, num_ai_cores=cores, peak_flops=peak,
+                              bandwidth_bytes_s=bandwidth)
+                _run_cpu_shape(args, runner, row, rng, mem_available, make_case, shape_memory_bytes, time_shape)
+                writer.write(row)
+                bar.update(shapes_mod.gemm_flops(m, n, k))
+                if row["status"] == "ok":
+                    bar.set_postfix_str(f"{dtype} {m}x{n}x{k}: {row['gflops']:.1f} GFLOP/s, "
+                                        f"{row['speedup']:.2f}x numpy")
+    if isinstance(info.get("ceiling_sizes"), list):
+        # NOTES: measured again at the end (rows keep the start's figure): on a shared machine the two differ, and
+        # the summary shows both so a reader can tell how much the load moved during the sweep.
+        from _sweep_cpu import measure_cpu_ceiling
+
+        info["peak_gflops_end"] = measure_cpu_ceiling(CEILING_SIZES)["peak_gflops"]
+
+
+def _run_cpu_shape(args, runner, row, rng, mem_available, make_case, shape_memory_bytes, time_shape) -> None:
+    dtype, m, n, k = row["dtype"], row["m"], row["n"], row["k"]
+    need = shape_memory_bytes(dtype, m, n, k)
+    avail = mem_available()
+    budget = MEM_FRACTION * avail
+    if args.max_mem_gb is not None:
+        budget = min(budget, args.max_mem_gb * 2**30)
+    if need > budget:
+        row.update(status="skipped", error=f"needs {need / 2**30:.2f} GiB > budget {budget / 2**30:.2f} GiB "
+                                            f"(MemAvailable {avail / 2**30:.2f} GiB)")
+        return
+    case = None
+    try:
+        case = make_case(dtype, m, n, k, rng)
+        timing = time_shape(runner, case, min_repeats=args.repeats, max_repeats=args.max_repeats,
+                            target_s=args.target_seconds)
+        set_performance(row, timing.time_s, timing.baseline_time_s)
+        config = timing.config if timing.config is not None else runner.config(dtype, m, n, k)
+        row.update(calc_diff=timing.calc_diff, repeats=timing.repeats, config=config_to_str(config))
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001 (recorded in the row; the sweep goes on)
+        row.update(status="failed", error=describe_error(e))
+    finally:
+        del case
+
+
+def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machine: dict | None = None,
+        mem_available=None) -> dict:
+    """Run the sweep the arguments describe and return the summary (also in DIR/summary.json).
+
+    ``runner`` (cpu mode: an object like _sweep_cpu.DeepGemmRunner), ``estimator`` (model mode: like
+    deep_gemm.estimate_gemm), ``cpu_machine`` ({"peak_gflops", "bandwidth_gbs"}) and ``mem_available`` (a callable
+    returning free bytes) replace the real ones, for tests."""
+    args = parse_args(argv)
+    shapes = select_shapes(args)
+    dtypes = DTYPES if args.dtype == "both" else (args.dtype,)
+    modes = MODES if args.mode == "both" else (args.mode,)
+    out_dir: Path = args.out
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = out_dir / "results.csv"
+
+    # Fail before any work if a requested mode cannot run.
+    if "model" in modes:
+        from _sweep_model import chip_roofline, resolve_estimator
+
+        for dtype in dtypes:
+            chip_roofline(args.arch, args.num_ai_cores, dtype)  # unknown arch, bad core count, no FP8 Cube
+        estimator = estimator or resolve_estimator()
+    if "cpu" in modes and runner is None:
+        from _sweep_cpu import DeepGemmRunner
+
+        runner = DeepGemmRunner(args.arch, args.num_ai_cores, args.workers, not args.no_precompile)
+        runner.check_available()
+
+    existing = read_results(results) if args.resume else []
+    done = done_keys(existing)
+    machine: dict = {"chip": [], "cpu": None}
+    started = time.time()
+    interrupted = False
+    print(f"sweep: {len(shapes)} shapes x {list(dtypes)} x {list(modes)} -> {results}"
+          + (f" (resuming: {len(done)} rows done)" if args.resume else ""), file=sys.stderr, flush=True)
+    writer = ResultsWriter(results, fresh=not args.resume)
+    try:
+        if "model" in modes:
+            run_model(args, shapes, dtypes, writer, existing, done, machine, estimator=estimator)
+        if "cpu" in modes:
+            run_cpu(args, shapes, dtypes, writer, existing, done, machine, runner=runner, cpu_machine=cpu_machine,
+                    mem_available=mem_available)
+    except KeyboardInterrupt:
+        interrupted = True
+        print(f"\ninterrupted: finished rows are in {results}; rerun with --resume to continue", file=sys.stderr)
+    finally:
+        writer.close()
+
+    rows = read_results(results)
+    selected = {(mode, dtype, *s) for mode in modes for dtype in dtypes for s in shapes}
+    run_info = {
+        "argv": list(argv) if argv is not None else sys.argv[1:],
+        "shapes": len(shapes), "dtypes": list(dtypes), "modes": list(modes),
+        "seconds": round(time.time() - started, 1), "interrupted": interrupted,
+        "selected_rows": sum(row_key(r) in selected for r in rows),
+        "cpu_count": os.cpu_count(),
+    }
+    summary = summarize(rows, machine=machine, run=run_info)
+    write_summary(summary, out_dir / "summary.json")
+    if not args.no_plots:
+        try:
+            plots = write_plots(rows, out_dir)
+            summary["plots"] = [str(p) for p in plots]
+        except Exception as e:  # noqa: BLE001 (plots are a convenience; the CSV and summary are written)
+            summary["plots_error"] = describe_error(e)
+        write_summary(summary, out_dir / "summary.json")
+    print(format_summary(summary))
+    print(f"\nwrote {results} ({len(rows)} rows), {out_dir / 'summary.json'}"
+          + "".join(f", {p}" for p in summary.get("plots", [])) + f" in {run_info['seconds']:.1f} s")
+    if interrupted:
+        raise SystemExit(130)
+    return summary
+
+
+def main() -> None:
+    try:
+        run()
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"sweep: {e}") from None
+
+
+if __name__ == "__main__":
+    main()
