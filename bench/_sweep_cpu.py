@@ -12,7 +12,6 @@ import math
 import os
 import statistics
 import time
-import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -22,7 +21,6 @@ import numpy as np
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
-E4M3_MAX = 448.0
 SF_GRAN_K = 32
 # NOTES: operands are generated, quantized and compared in row chunks of about this many elements, so no fp32 or
 # fp64 temporary of a whole 16384 x 36864 tensor is ever alive.
@@ -123,41 +121,10 @@ def random_bf16(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     return out
 
 
-def _own_per_token_cast_to_fp8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """fp32 [r, c] -> (e4m3fn codes [r, c], fp32 power-of-two scales [r, ceil(c/32)]): per 32-wide block of a row,
-    scale = 2^ceil(log2(amax / 448)) (UE8M0), codes = x / scale rounded to e4m3."""
-    rows, cols = x.shape
-    kb = math.ceil(cols / SF_GRAN_K)
-    padded = np.zeros((rows, kb * SF_GRAN_K), np.float32)
-    padded[:, :cols] = x
-    blocks = padded.reshape(rows, kb, SF_GRAN_K)
-    amax = np.maximum(np.abs(blocks).max(axis=2), 1e-4)
-    sf = np.exp2(np.ceil(np.log2(amax / E4M3_MAX))).astype(np.float32)
-    codes = (blocks / sf[:, :, None]).reshape(rows, kb * SF_GRAN_K)[:, :cols].astype(FP8)
-    return codes, sf
-
-
-def _per_token_cast() -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """deep_gemm.utils.per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32) when the library has it, else ours."""
-    try:
-        from deep_gemm import utils as dg_utils
-
-        cast = getattr(dg_utils, "per_token_cast_to_fp8", None)
-    except Exception:  # noqa: BLE001 (a teammate's half-written module must not stop the sweep)
-        cast = None
-    if cast is None:
-        return _own_per_token_cast_to_fp8
-
-    def library_cast(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        codes, sf = cast(x, use_ue8m0=True, gran_k=SF_GRAN_K)
-        return np.asarray(codes), np.asarray(sf, dtype=np.float32)
-
-    return library_cast
-
-
 def random_fp8(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
     """Uniform [-1, 1) values quantized per token (1 x 32 blocks, UE8M0 scales): (e4m3fn codes, fp32 scales)."""
-    cast = _per_token_cast()
+    from deep_gemm.utils import per_token_cast_to_fp8
+
     codes = np.empty((rows, cols), FP8)
     sf = np.empty((rows, math.ceil(cols / SF_GRAN_K)), np.float32)
     step = _rows_per_chunk(cols)
@@ -165,7 +132,7 @@ def random_fp8(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarr
         x = rng.random((min(step, rows - r0), cols), dtype=np.float32)
         x *= 2.0
         x -= 1.0
-        c, s = cast(x)
+        c, s = per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=SF_GRAN_K)
         codes[r0:r0 + x.shape[0]] = c
         sf[r0:r0 + x.shape[0]] = s
     return codes, sf
@@ -297,7 +264,7 @@ class DeepGemmRunner:
         if not self.use_precompile or not tasks:
             return {"kernels": 0, "seconds": 0.0, "error": None}
         try:
-            par_compile = _resolve_par_compile()
+            from deep_gemm.testing import par_compile
         except (ImportError, AttributeError) as e:
             return {"kernels": 0, "seconds": 0.0, "error": f"no deep_gemm.testing.par_compile ({e}); warm-up compiles"}
         unique: dict[tuple, tuple[str, int, int, int]] = {}
@@ -317,16 +284,6 @@ class DeepGemmRunner:
         except Exception as e:  # noqa: BLE001 (each shape's warm-up call compiles and records its own error)
             error = f"{type(e).__name__}: {e}"
         return {"kernels": len(callables), "seconds": time.perf_counter() - start, "error": error}
-
-
-def _resolve_par_compile() -> Callable:
-    """The par_compile function, whether deep_gemm.testing re-exports it or only has the module of that name."""
-    import importlib
-
-    func = getattr(importlib.import_module("deep_gemm.testing"), "par_compile", None)
-    if func is None or isinstance(func, types.ModuleType):
-        func = importlib.import_module("deep_gemm.testing.par_compile").par_compile
-    return func
 
 
 def _dry_run_one(dtype: str, m: int, n: int, k: int, arch: str | None, num_ai_cores: int | None) -> None:

@@ -60,3 +60,15 @@ DG_TEST_MAX_WORKERS = _declare(
 # Runtime defaults
 DG_NPU_ARCH = _declare("DG_NPU_ARCH", str, "950DT", "Default modelled NPU: 950DT, 950PR or 910B2")
 DG_NUM_AI_CORES = _declare("DG_NUM_AI_CORES", int, None, "Default logical AI-core count (default: the arch's count)")
+DG_JIT_DEFER_SCIPY = _declare(
+    "DG_JIT_DEFER_SCIPY", bool, True,
+    "Skip numba's import-time scipy.linalg probe (~0.3-1 s per process); np.dot/linalg in numba still import it",
+)
+DG_JIT_LAUNCHER = _declare(
+    "DG_JIT_LAUNCHER", str, "threads",
+    "How a kernel's logical AI cores map to CPU threads: threads (deep_gemm's pool, nogil kernel) or prange (numba)",
+)
+DG_JIT_KERNEL_OPT = _declare(
+    "DG_JIT_KERNEL_OPT", str, "cheap",
+    "Module optimization of generated kernels after linking device code: cheap (default, faster compile) or full",
+)

@@ -3,11 +3,14 @@
 NOTES: numba ships with LLVM's SLP vectorizer off, which leaves register-tiled micro-kernels scalar; and on
 AVX-512 hosts LLVM prefers 256-bit vectors unless told otherwise. Both settings are read when numba builds its
 CPU target (the first compile in the process) and are part of numba's cache key. Set DG_JIT_FAST_MATH_SETUP=0
-to leave numba exactly as the user configured it.
+to leave numba exactly as the user configured it. Two compile-time savings live here too: generated kernels skip
+numba's second full module optimization (DG_JIT_KERNEL_OPT, see _install_cheap_kernel_link) and numba's first use
+does not import scipy (DG_JIT_DEFER_SCIPY, see _defer_scipy_probe).
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 
 from .. import envs
@@ -24,25 +27,85 @@ def host_cpu_features() -> str:
 
 
 def apply_numba_settings() -> dict[str, object]:
-    """Turn on SLP vectorization and full-width vectors (idempotent). Returns what was applied."""
+    """Turn on SLP vectorization and full-width vectors, and the kernel compile-time settings (idempotent).
+    Returns what was applied (the codegen-relevant entries are part of the JIT cache key)."""
     global _applied
     with _lock:
         if _applied is not None:
             return _applied
         import numba
 
+        deferred = _defer_scipy_probe()
         if not envs.DG_JIT_FAST_MATH_SETUP.get():
             _applied = {"enabled": False}
             return _applied
         numba.config.SLP_VECTORIZE = 1
         applied: dict[str, object] = {"enabled": True, "SLP_VECTORIZE": 1}
+        if envs.DG_JIT_KERNEL_OPT.get() == "cheap":
+            _install_cheap_kernel_link()
+            applied["KERNEL_OPT"] = "cheap"
         if not numba.config.CPU_FEATURES:
             features = host_cpu_features()
             if "+avx512f" in features.split(","):
                 numba.config.CPU_FEATURES = features + ",-prefer-256-bit"
                 applied["CPU_FEATURES"] = numba.config.CPU_FEATURES
         _applied = applied
+        if deferred:
+            applied["scipy_probe_deferred"] = True
         return applied
+
+
+KERNEL_MODULE_MARK = "_dg_kernel_"  # generated kernel modules are named _dg_kernel_<name>_<digest>
+
+
+def _install_cheap_kernel_link() -> None:
+    """Skip numba's second, full module optimization for libraries of generated kernels.
+
+    NOTES: numba links the already-optimized IR of every callee into each caller's library and runs the full
+    O3 module pipeline over the result before generating code. For a translated kernel that is ~95 % device
+    code (optimized once already in its own library), so the pass costs a third of each specialization's
+    compile. Kernel libraries get numba's cheap module pipeline instead (the kernel's own functions were already
+    optimized function by function); device code keeps its own O3 optimization. DG_JIT_KERNEL_OPT=full restores
+    numba's behaviour.
+    """
+    from numba.core import codegen
+
+    cls = codegen.CPUCodeLibrary
+    if getattr(cls, "_dg_cheap_kernel_link", False):
+        return
+    original = cls._optimize_final_module
+
+    def _optimize_final_module(self):
+        own = any(KERNEL_MODULE_MARK in fn.name for fn in self._final_module.functions if not fn.is_declaration)
+        if not own:
+            return original(self)
+        cg = self._codegen
+        mpm, mpb = cg._module_pass_manager(loop_vectorize=cg._loopvect, slp_vectorize=False, opt=cg._opt_level,
+                                           cost="cheap")
+        mpm.run(self._final_module, mpb)
+
+    cls._optimize_final_module = _optimize_final_module
+    cls._dg_cheap_kernel_link = True
+
+
+def _defer_scipy_probe() -> bool:
+    """Import numba.np.arraymath with scipy.linalg hidden, so numba's first use does not import scipy.
+
+    NOTES: numba imports scipy.linalg (about 1 s cold on these machines) when its CPU target first loads, only to
+    set a flag that lets np.cov/np.corrcoef use a BLAS inner product. Every other BLAS/LAPACK-backed numba
+    function imports scipy itself when it is compiled, so hiding it for this one import changes nothing else.
+    Done only when neither module is loaded yet; DG_JIT_DEFER_SCIPY=0 leaves numba alone.
+    """
+    blas = "scipy.linalg.cython_blas"
+    if not envs.DG_JIT_DEFER_SCIPY.get() or "numba.np.arraymath" in sys.modules or blas in sys.modules:
+        return False
+    sys.modules[blas] = None  # an import of it now raises ImportError
+    try:
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        if sys.modules.get(blas, 0) is None:
+            del sys.modules[blas]
+    return True
 
 
 def vector_width_bits() -> int:

@@ -11,13 +11,14 @@ from .generators import (
     random_fp8_codes,
     random_sf,
 )
+from .par_compile import par_compile
 from .numeric import assert_bitwise_equal, calc_diff, count_bytes
 from .reference import dequantize_fp4, dequantize_fp8, reference_gemm
 
 __all__ = [
     "calc_diff", "count_bytes", "assert_bitwise_equal",
     "dequantize_fp8", "dequantize_fp4", "reference_gemm",
-    "bench", "bench_paired", "PairedTiming",
+    "bench", "bench_paired", "PairedTiming", "par_compile",
     "fp8_operand", "fp4_operand", "bf16_operand", "random_fp8_codes", "random_fp4_codes", "random_sf",
     "FP8_SF_CHOICES", "FP4_SF_CHOICES",
 ]
