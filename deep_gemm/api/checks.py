@@ -106,7 +106,7 @@ def check_output(d: object, m: int, n: int, c: object) -> tuple[np.ndarray, np.n
     if d.size and n > 1 and d.strides[1] != d.itemsize:
         raise ValueError(f"d must have unit stride along N, got strides(bytes)={d.strides}")
     if d.size and m > 1 and d.strides[0] < n * d.itemsize:
-        raise ValueError(f"d rows must not overlap: outer stride {d.strides[0]} bytes < n * itemsize = {n * d.itemsize}")
+        raise ValueError(f"d rows must not overlap: outer stride {d.strides[0]} bytes < {n=} * {d.itemsize} bytes")
     if not d.flags.writeable:
         raise ValueError("d is read-only")
     if c is not None:

@@ -7,6 +7,8 @@ The nn/tn/tt forms are thin wrappers that transpose into the nt form, as upstrea
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .. import runtime
@@ -43,6 +45,56 @@ def _required_sf(sf: np.ndarray, op: Operand, gran: tuple[int, int], is_sfa: boo
     except (ValueError, TypeError) as e:
         raise type(e)(f"{sf_name}: {e}") from None
     return np.ascontiguousarray(out.T)
+
+
+@dataclass(frozen=True)
+class Fp8Fp4Problem:
+    """A checked FP8/FP4 GEMM call: operands, output, and the scale factors in the kernels' physical form."""
+
+    op_a: Operand
+    op_b: Operand
+    sfa: np.ndarray  # C-contiguous int16 [ceil(K/64), M]
+    sfb: np.ndarray  # C-contiguous int16 [ceil(K/64), N]
+    d: np.ndarray
+    c: np.ndarray | None
+    out_kind: str
+
+    @property
+    def m(self) -> int:
+        return self.op_a.mn
+
+    @property
+    def n(self) -> int:
+        return self.op_b.mn
+
+    @property
+    def k(self) -> int:
+        return self.op_a.k
+
+
+def check_fp8_fp4_problem(a, b, d, c, recipe, recipe_a, recipe_b, disable_ue8m0_cast) -> Fp8Fp4Problem:
+    """Every check of an FP8/FP4 GEMM call (shared with the numpy reference GEMMs); writes nothing."""
+    # Operand checks
+    a_arr, sfa = _split_pair(a, "a")
+    b_arr, sfb = _split_pair(b, "b")
+    op_a = make_operand(a_arr, "a", ("fp8", "fp4"))
+    op_b = make_operand(b_arr, "b", ("fp8", "fp4"))
+    if (op_a.kind, op_b.kind) == ("fp4", "fp8"):
+        raise TypeError("fp4 A with fp8 B is not supported (as upstream); pass fp8 A with fp4 B instead")
+    if op_a.k != op_b.k:
+        raise ValueError(f"A and B disagree on K: {op_a.k=} {op_b.k=} (a.shape={a_arr.shape}, b.shape={b_arr.shape})")
+
+    # Output and recipes
+    d, c, out_kind = check_output(d, op_a.mn, op_b.mn, c)
+    check_no_alias(d, a=a_arr, b=b_arr, sfa=sfa, sfb=sfb)
+    if not isinstance(disable_ue8m0_cast, bool):
+        raise TypeError(f"disable_ue8m0_cast must be a bool, got {disable_ue8m0_cast!r}")
+    gran_a, gran_b = resolve_recipes(recipe, recipe_a, recipe_b)
+
+    # Scale factors -> required layout (validates sizes and values; allocates, never writes the inputs)
+    sfa_phys = _required_sf(sfa, op_a, gran_a, True, disable_ue8m0_cast)
+    sfb_phys = _required_sf(sfb, op_b, gran_b, False, disable_ue8m0_cast)
+    return Fp8Fp4Problem(op_a, op_b, sfa_phys, sfb_phys, d, c, out_kind)
 
 
 def _early_return(d: np.ndarray, c: np.ndarray | None, m: int, n: int, k: int) -> bool:
@@ -94,29 +146,10 @@ def fp8_fp4_gemm_nt(
     Returns the kernel's GemmConfig (None on an early return). Reads get_num_ai_cores(), get_npu_arch(),
     dry-run mode; env DG_JIT_CACHE_DIR, DG_JIT_DEBUG, DG_PRINT_CONFIGS.
     """
-    # Operand checks
-    a_arr, sfa = _split_pair(a, "a")
-    b_arr, sfb = _split_pair(b, "b")
-    op_a = make_operand(a_arr, "a", ("fp8", "fp4"))
-    op_b = make_operand(b_arr, "b", ("fp8", "fp4"))
-    if (op_a.kind, op_b.kind) == ("fp4", "fp8"):
-        raise TypeError("fp4 A with fp8 B is not supported (as upstream); pass fp8 A with fp4 B instead")
-    if op_a.k != op_b.k:
-        raise ValueError(f"A and B disagree on K: {op_a.k=} {op_b.k=} (a.shape={a_arr.shape}, b.shape={b_arr.shape})")
-    m, n, k = op_a.mn, op_b.mn, op_a.k
-
-    # Output, options and recipes
-    d, c, out_kind = check_output(d, m, n, c)
-    check_no_alias(d, a=a_arr, b=b_arr, sfa=sfa, sfb=sfb)
+    p = check_fp8_fp4_problem(a, b, d, c, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
     alpha_f = check_alpha(alpha)
     dims = check_compiled_dims(compiled_dims)
-    if not isinstance(disable_ue8m0_cast, bool):
-        raise TypeError(f"disable_ue8m0_cast must be a bool, got {disable_ue8m0_cast!r}")
-    gran_a, gran_b = resolve_recipes(recipe, recipe_a, recipe_b)
-
-    # Scale factors -> required layout (validates sizes and values; allocates, never writes the inputs)
-    sfa_phys = _required_sf(sfa, op_a, gran_a, True, disable_ue8m0_cast)
-    sfb_phys = _required_sf(sfb, op_b, gran_b, False, disable_ue8m0_cast)
+    op_a, op_b, d, c, m, n, k = p.op_a, p.op_b, p.d, p.c, p.m, p.n, p.k
 
     # Early return
     if _early_return(d, c, m, n, k):
@@ -127,8 +160,8 @@ def fp8_fp4_gemm_nt(
 
     with_acc = _prepare_accumulation(d, c)
     return launch_fp8_gemm(
-        op_a.gm, op_a.major, op_a.kind, sfa_phys, op_b.gm, op_b.major, op_b.kind, sfb_phys,
-        _out_view(d, out_kind), m, n, k,
+        op_a.gm, op_a.major, op_a.kind, p.sfa, op_b.gm, op_b.major, op_b.kind, p.sfb,
+        _out_view(d, p.out_kind), m, n, k,
         with_accumulation=with_acc, alpha=alpha_f, compiled_dims=dims,
     )
 
@@ -165,6 +198,17 @@ fp8_gemm_tn = fp8_fp4_gemm_tn
 fp8_gemm_tt = fp8_fp4_gemm_tt
 
 
+def check_bf16_problem(a, b, d, c) -> tuple[Operand, Operand, np.ndarray, np.ndarray | None, str]:
+    """Every check of a BF16 GEMM call (shared with the numpy reference GEMMs); writes nothing."""
+    op_a = make_operand(a, "a", ("bf16",))
+    op_b = make_operand(b, "b", ("bf16",))
+    if op_a.k != op_b.k:
+        raise ValueError(f"A and B disagree on K: {op_a.k=} {op_b.k=} (a.shape={a.shape}, b.shape={b.shape})")
+    d, c, out_kind = check_output(d, op_a.mn, op_b.mn, c)
+    check_no_alias(d, a=a, b=b)
+    return op_a, op_b, d, c, out_kind
+
+
 def bf16_gemm_nt(
     a: np.ndarray,
     b: np.ndarray,
@@ -175,13 +219,8 @@ def bf16_gemm_nt(
 ) -> GemmConfig | None:
     """D = C + alpha * A @ B^T with fp32 accumulation. A: bfloat16 [M, K], B: bfloat16 [N, K] (either major);
     d: bfloat16 or float32 [M, N]; c like d (or c=d). Returns the kernel's GemmConfig (None on an early return)."""
-    op_a = make_operand(a, "a", ("bf16",))
-    op_b = make_operand(b, "b", ("bf16",))
-    if op_a.k != op_b.k:
-        raise ValueError(f"A and B disagree on K: {op_a.k=} {op_b.k=} (a.shape={a.shape}, b.shape={b.shape})")
+    op_a, op_b, d, c, out_kind = check_bf16_problem(a, b, d, c)
     m, n, k = op_a.mn, op_b.mn, op_a.k
-    d, c, out_kind = check_output(d, m, n, c)
-    check_no_alias(d, a=a, b=b)
     alpha_f = check_alpha(alpha)
     dims = check_compiled_dims(compiled_dims)
 

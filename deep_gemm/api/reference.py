@@ -12,16 +12,7 @@ import numpy as np
 from ..utils.formats import bf16_bits_to_fp32, decode_e2m1, decode_e4m3, fp32_to_bf16_bits, unpack_fp4
 from ..utils.layout import unpack_sf_from_required_layout
 from . import gemm as _gemm
-from .checks import (
-    Operand,
-    check_alpha,
-    check_no_alias,
-    check_output,
-    make_operand,
-    require_array,
-    resolve_recipes,
-    transposed,
-)
+from .checks import Operand, check_alpha, require_array, transposed
 
 
 def _decode(op: Operand) -> np.ndarray:
@@ -53,23 +44,10 @@ def _store(d: np.ndarray, out_kind: str, acc: np.ndarray, c: np.ndarray | None, 
 
 def aclnn_fp8_fp4_gemm_nt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, disable_ue8m0_cast=False):
     """Reference for ``fp8_fp4_gemm_nt``: D = C + dequant(A) @ dequant(B)^T in float64, rounded once into d."""
-    a_arr, sfa = _gemm._split_pair(a, "a")
-    b_arr, sfb = _gemm._split_pair(b, "b")
-    op_a = make_operand(a_arr, "a", ("fp8", "fp4"))
-    op_b = make_operand(b_arr, "b", ("fp8", "fp4"))
-    if (op_a.kind, op_b.kind) == ("fp4", "fp8"):
-        raise TypeError("fp4 A with fp8 B is not supported (as upstream); pass fp8 A with fp4 B instead")
-    if op_a.k != op_b.k:
-        raise ValueError(f"A and B disagree on K: {op_a.k=} {op_b.k=}")
-    m, n, k = op_a.mn, op_b.mn, op_a.k
-    d, c, out_kind = check_output(d, m, n, c)
-    check_no_alias(d, a=a_arr, b=b_arr, sfa=sfa, sfb=sfb)
-    gran_a, gran_b = resolve_recipes(recipe, recipe_a, recipe_b)
-    sfa_phys = _gemm._required_sf(sfa, op_a, gran_a, True, disable_ue8m0_cast)
-    sfb_phys = _gemm._required_sf(sfb, op_b, gran_b, False, disable_ue8m0_cast)
-    if m == 0 or n == 0:
+    p = _gemm.check_fp8_fp4_problem(a, b, d, c, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
+    if p.m == 0 or p.n == 0:
         return
-    _store(d, out_kind, _dequantize(op_a, sfa_phys) @ _dequantize(op_b, sfb_phys).T, c, 1.0)
+    _store(p.d, p.out_kind, _dequantize(p.op_a, p.sfa) @ _dequantize(p.op_b, p.sfb).T, p.c, 1.0)
 
 
 def aclnn_fp8_fp4_gemm_nn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, disable_ue8m0_cast=False):
@@ -91,12 +69,7 @@ def aclnn_fp8_fp4_gemm_tt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=
 
 def aclnn_bf16_gemm_nt(a, b, d, c=None, alpha=None):
     """Reference for ``bf16_gemm_nt``: D = C + alpha * A @ B^T in float64, rounded once into d."""
-    op_a = make_operand(a, "a", ("bf16",))
-    op_b = make_operand(b, "b", ("bf16",))
-    if op_a.k != op_b.k:
-        raise ValueError(f"A and B disagree on K: {op_a.k=} {op_b.k=}")
-    d, c, out_kind = check_output(d, op_a.mn, op_b.mn, c)
-    check_no_alias(d, a=a, b=b)
+    op_a, op_b, d, c, out_kind = _gemm.check_bf16_problem(a, b, d, c)
     alpha_f = check_alpha(alpha)
     if op_a.mn == 0 or op_b.mn == 0:
         return

@@ -42,8 +42,7 @@ def apply_numba_settings() -> dict[str, object]:
         numba.config.SLP_VECTORIZE = 1
         applied: dict[str, object] = {"enabled": True, "SLP_VECTORIZE": 1}
         if envs.DG_JIT_KERNEL_OPT.get() == "cheap":
-            _install_cheap_kernel_link()
-            applied["KERNEL_OPT"] = "cheap"
+            applied["KERNEL_OPT"] = "cheap" if _install_cheap_kernel_link() else "full (numba internals differ)"
         if not numba.config.CPU_FEATURES:
             features = host_cpu_features()
             if "+avx512f" in features.split(","):
@@ -58,7 +57,7 @@ def apply_numba_settings() -> dict[str, object]:
 KERNEL_MODULE_MARK = "_dg_kernel_"  # generated kernel modules are named _dg_kernel_<name>_<digest>
 
 
-def _install_cheap_kernel_link() -> None:
+def _install_cheap_kernel_link() -> bool:
     """Skip numba's second, full module optimization for libraries of generated kernels.
 
     NOTES: numba links the already-optimized IR of every callee into each caller's library and runs the full
@@ -72,8 +71,15 @@ def _install_cheap_kernel_link() -> None:
 
     cls = codegen.CPUCodeLibrary
     if getattr(cls, "_dg_cheap_kernel_link", False):
-        return
-    original = cls._optimize_final_module
+        return True
+    # NOTES: this replaces a private numba method; it is installed only where numba's internals have the shape
+    # it was written against (numba 0.68), and numba keeps its own behaviour anywhere else.
+    pass_manager = getattr(codegen.CPUCodegen, "_module_pass_manager", None)
+    original = getattr(cls, "_optimize_final_module", None)
+    import numba
+
+    if pass_manager is None or original is None or not numba.__version__.startswith("0.68."):
+        return False
 
     def _optimize_final_module(self):
         own = any(KERNEL_MODULE_MARK in fn.name for fn in self._final_module.functions if not fn.is_declaration)
@@ -86,6 +92,7 @@ def _install_cheap_kernel_link() -> None:
 
     cls._optimize_final_module = _optimize_final_module
     cls._dg_cheap_kernel_link = True
+    return True
 
 
 def _defer_scipy_probe() -> bool:
