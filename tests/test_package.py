@@ -51,3 +51,10 @@ def test_readme_has_exactly_two_setup_commands():
     ci = (ROOT / ".ci" / "run").read_text()
     test_command = next(c for c in commands if "pytest" in c)
     assert test_command in ci, "CI must run the README's test command"
+
+
+def test_readme_quick_start_runs():
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## Quick start\n\n```python\n(.*?)```", readme, flags=re.S).group(1)
+    with deep_gemm.runtime_scope():  # the snippet changes the core count; restore it for the other tests
+        exec(compile(block, "README.md quick start", "exec"), {})
