@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import ml_dtypes
 import numpy as np
 
+from deep_gemm.testing.numeric import calc_diff  # chunked: no float64 copy of a whole output
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -170,25 +171,6 @@ def baseline_product(case: GemmCase) -> np.ndarray:
     if case.dtype == "bf16":
         return case.a.astype(np.float32) @ case.b.astype(np.float32).T
     return dequantize(case.a, case.sfa) @ dequantize(case.b, case.sfb).T
-
-
-def calc_diff(x: np.ndarray, y: np.ndarray) -> float:
-    """DeepGEMM's metric 1 - 2 sum(xy) / sum(x^2 + y^2) in float64 (0 when both are all zero), accumulated over row
-    chunks so a 16384 x 36864 output needs no whole-tensor float64 copy. Same formula as deep_gemm.testing's."""
-    if x.shape != y.shape:
-        raise ValueError(f"calc_diff needs equal shapes, got {x.shape=} {y.shape=}")
-    x2 = x.reshape(x.shape[0], -1) if x.ndim else x.reshape(1, 1)
-    y2 = y.reshape(y.shape[0], -1) if y.ndim else y.reshape(1, 1)
-    sxy = sxx = 0.0
-    step = _rows_per_chunk(x2.shape[1])
-    for r0 in range(0, x2.shape[0], step):
-        xs = x2[r0:r0 + step].astype(np.float64).ravel()
-        ys = y2[r0:r0 + step].astype(np.float64).ravel()
-        sxy += float(np.dot(xs, ys))
-        sxx += float(np.dot(xs, xs)) + float(np.dot(ys, ys))
-    if sxx == 0.0:
-        return 0.0
-    return 1.0 - 2.0 * sxy / sxx
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ COLUMNS: tuple[str, ...] = (
     "baseline_time_us", "baseline_gflops", "baseline_frac_peak", "speedup", "calc_diff", "repeats",
     "config",
 )
-KEY_COLUMNS = ("mode", "dtype", "m", "n", "k")
 STATUSES = ("ok", "skipped", "failed")
 INT_COLUMNS = ("m", "n", "k", "num_ai_cores", "flops", "bytes", "compute_bound", "repeats")
 FLOAT_COLUMNS = (

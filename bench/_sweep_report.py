@@ -205,7 +205,7 @@ def write_plots(rows: list[dict], out_dir: str | Path) -> list[Path]:
 
     # Fraction of peak against arithmetic intensity.
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
-    for ax, (mode, dtype) in zip(axes[0], panels):
+    for ax, (mode, dtype) in zip(axes[0], panels, strict=True):
         sel = [r for r in ok if r["mode"] == mode and r["dtype"] == dtype]
         sc = ax.scatter([r["intensity"] for r in sel], [r["frac_peak"] for r in sel], s=9,
                         c=[math.log2(r["m"]) for r in sel], cmap="viridis")

@@ -93,7 +93,7 @@ def load_shapes(path: str | Path) -> list[Shape]:
         fields = {f.strip().lower(): f for f in (reader.fieldnames or [])}
         if not {"m", "n", "k"} <= set(fields):
             raise ValueError(f"{path}: header {reader.fieldnames!r} lacks m, n, k columns")
-        for row_no, row in zip((no for no, _ in lines[1:]), reader):
+        for row_no, row in zip((no for no, _ in lines[1:]), reader, strict=False):
             shapes.append(_parse_shape([row[fields[c]] for c in "mnk"], path, row_no))
     else:
         for no, line in lines:

@@ -106,10 +106,7 @@ def estimate_gemm(
     """
     # Argument checks
     m, n, k = _check_size("m", m), _check_size("n", n), _check_size("k", k)
-    if isinstance(num_groups, bool) or not isinstance(num_groups, int):
-        raise TypeError(f"num_groups must be an int, got {type(num_groups).__name__}: {num_groups!r}")
-    if num_groups < 1:
-        raise ValueError(f"num_groups={num_groups} must be >= 1")
+    num_groups = _check_size("num_groups", num_groups)
     for name, value in (("a_dtype", a_dtype), ("b_dtype", b_dtype)):
         if value not in DTYPES:
             raise ValueError(f"{name}={value!r}; allowed: {DTYPES}")

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                                    args.with_accumulation, args.compiled_dims),
                               max_workers=args.workers, progress=not args.quiet)
         cores, arch = runtime.get_num_ai_cores(), runtime.get_npu_arch()
-    for (m, n, k), config in zip(shapes, configs):
+    for (m, n, k), config in zip(shapes, configs, strict=True):
         print(f"{args.dtype} {m}x{n}x{k}: block {config.block_m}x{config.block_n}x{config.block_k} "
               f"mad {config.mad_m}x{config.mad_n}x{config.mad_k} L1 stages {config.num_l1_stages} "
               f"path {config.path}")

@@ -138,7 +138,8 @@ def useful_flops(desc: GemmDesc) -> float:
     return 2.0 * desc.m * desc.n * desc.k * scale
 
 
-def _align(x: int, a: int) -> int:
+def round_up(x: int, a: int) -> int:
+    """``x`` rounded up to a multiple of ``a`` (pure Python: the heuristics import no numpy)."""
     return -(-x // a) * a
 
 
@@ -148,7 +149,7 @@ def _tile_costs(desc: GemmDesc, c: GemmConfig, arch: ArchSpec, tm: int, tn: int,
     a_bits, b_bits = cube_operand_bits(desc)  # as in L1 / L0
     cdt = cube_dtype(desc.a_dtype, desc.b_dtype)
     c0 = arch.c0_bytes * 8 // DTYPE_BITS[cdt]
-    kpad = _align(depth, k_alignment(desc))
+    kpad = round_up(depth, k_alignment(desc))
     fm = arch.frac_mn
 
     # Cube: fractal-aligned work (16 x 16 x C0 per cycle), never less than the MADs' issue floor.
@@ -201,13 +202,13 @@ def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec) -> GemmCost:
     clock = arch.clock_hz
     a_bytes, b_bytes = DTYPE_BITS[desc.a_dtype] / 8, DTYPE_BITS[desc.b_dtype] / 8  # in GM
     out_bytes = OUT_DTYPE_BYTES[desc.out_dtype]
-    kpad = _align(r.depth, k_alignment(desc))
+    kpad = round_up(r.depth, k_alignment(desc))
     sf_row = kpad / 32 if desc.has_sf else 0.0  # scale bytes per operand row
 
     # Tiles of one region: full tiles plus the last M-block row and N-block column, fractal-aligned.
     mb, nb = -(-r.rows // c.block_m), -(-r.cols // c.block_n)
-    tail_m = c.block_m if r.full_m_tiles else _align(r.rows - (mb - 1) * c.block_m, arch.frac_mn)
-    tail_n = _align(r.cols - (nb - 1) * c.block_n, arch.frac_mn)
+    tail_m = c.block_m if r.full_m_tiles else round_up(r.rows - (mb - 1) * c.block_m, arch.frac_mn)
+    tail_n = round_up(r.cols - (nb - 1) * c.block_n, arch.frac_mn)
     tiles_per_region = mb * nb
     num_tiles = tiles_per_region * r.count
     a_resident = keeps_a_resident(desc, c, arch)

@@ -5,7 +5,6 @@ model's L2 reasoning and for tests. Same order as ``deep_gemm.device.scheduler``
 from __future__ import annotations
 
 
-
 def swizzled_block(t: int, num_m_blocks: int, num_n_blocks: int, group_m: int, num_cores: int) -> tuple[int, int]:
     """(m_block, n_block) of the ``t``-th tile of one region in the scheduler's order.
 

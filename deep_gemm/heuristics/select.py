@@ -25,7 +25,7 @@ from .config import (
     mn_alignment,
     stream_l1_bytes,
 )
-from .model import LAUNCH_S, GemmCost, model_gemm, regions
+from .model import LAUNCH_S, GemmCost, model_gemm, regions, round_up
 
 # NOTES: small-M (decode-like) problems take the "stream" path: row-major tiles, A resident in L1 when it is
 # reused, each B tile read once per M-block.
@@ -33,10 +33,6 @@ STREAM_MAX_M = 64
 MAX_L1_STAGES = 8
 MAX_L1_STAGES_SF = 4  # the scale-factor ring shares L1; DeepGEMM-Ascend stops at 4 stages with scales
 MAX_SF_K_BLOCKS = 4
-
-
-def _align(x: int, a: int) -> int:
-    return -(-x // a) * a
 
 
 def _block_candidates(extent: int, align: int, cap: int) -> list[int]:
@@ -49,7 +45,7 @@ def _block_candidates(extent: int, align: int, cap: int) -> list[int]:
     dominated (the model charges a tail tile its aligned extent, and a bigger block only costs L1 stages), and
     a fixed ladder keeps the modelled time monotonic in the problem size.
     """
-    whole = _align(extent, align)
+    whole = round_up(extent, align)
     out: list[int] = []
     size = align
     while size <= cap:
@@ -89,7 +85,7 @@ def _configs_cached(a_dtype: str, b_dtype: str, out_dtype: str, major_a: str, ma
     desc = GemmDesc(1, 1, depth, a_dtype, b_dtype, out_dtype, gemm_type, 1, major_a, major_b,
                     num_ai_cores=num_ai_cores)
     ka = k_alignment(desc)
-    kpad = _align(depth, ka)
+    kpad = round_up(depth, ka)
     a_bits, b_bits = cube_operand_bits(desc)
     # NOTES: BLOCK_K starts at 256 B of the narrowest operand (whole 128 B L2 sectors per row) and may double
     # twice; never beyond the (aligned) K of the problem.
@@ -142,8 +138,8 @@ def _lower_bound_s(desc: GemmDesc, arch: ArchSpec, block_m: int, block_n: int) -
     fm = arch.frac_mn
     mb, nb = -(-r.rows // block_m), -(-r.cols // block_n)
     c0 = arch.c0_bytes * 8 // DTYPE_BITS[cube_dtype(desc.a_dtype, desc.b_dtype)]
-    tail_m = block_m if r.full_m_tiles else _align(r.rows - (mb - 1) * block_m, fm)
-    tail_n = _align(r.cols - (nb - 1) * block_n, fm)
+    tail_m = block_m if r.full_m_tiles else round_up(r.rows - (mb - 1) * block_m, fm)
+    tail_n = round_up(r.cols - (nb - 1) * block_n, fm)
     waves = -(-(r.count * mb * nb) // desc.num_ai_cores)
     work = 0
     for tm, tn, count in sorted(((block_m, block_n, (mb - 1) * (nb - 1)), (block_m, tail_n, mb - 1),
@@ -153,8 +149,8 @@ def _lower_bound_s(desc: GemmDesc, arch: ArchSpec, block_m: int, block_n: int) -
         waves -= take
     cube_s = work * -(-r.depth // c0) / arch.clock_hz
     a_bytes, b_bytes = DTYPE_BITS[desc.a_dtype] / 8, DTYPE_BITS[desc.b_dtype] / 8
-    cols = _align(r.cols, fm)
-    rows = mb * block_m if r.full_m_tiles else _align(r.rows, fm)
+    cols = round_up(r.cols, fm)
+    rows = mb * block_m if r.full_m_tiles else round_up(r.rows, fm)
     l2 = r.count * r.depth * (mb * cols * b_bytes + (0 if mb == 1 else nb * rows * a_bytes))
     hbm = r.count * (r.rows * r.depth * a_bytes + r.cols * r.depth * b_bytes)
     return max(cube_s, l2 / arch.l2_bytes_per_s, hbm / arch.hbm_bytes_per_s) + LAUNCH_S
@@ -198,12 +194,11 @@ def _block_pairs(desc: GemmDesc, arch: ArchSpec) -> list[tuple[int, int]]:
 def _best(desc: GemmDesc, arch: ArchSpec) -> tuple[GemmConfig, GemmCost]:
     check_desc(desc)
     _check_arch(desc, arch)
-    pairs = _block_pairs(desc, arch)
     # Branch and bound: visit block pairs by their lower bound; stop once no pair can beat the best.
-    ranked = sorted(pairs, key=lambda p: (_lower_bound_s(desc, arch, *p), -p[0] * p[1], p))
+    ranked = sorted((_lower_bound_s(desc, arch, bm, bn), -bm * bn, (bm, bn)) for bm, bn in _block_pairs(desc, arch))
     best: tuple[tuple, GemmConfig, GemmCost] | None = None
-    for block_m, block_n in ranked:
-        if best is not None and _lower_bound_s(desc, arch, block_m, block_n) > best[0][0]:
+    for bound, _, (block_m, block_n) in ranked:
+        if best is not None and bound > best[0][0]:
             break
         for config in _configs_for_blocks(desc, arch, block_m, block_n):
             cost = model_gemm(desc, config, arch)

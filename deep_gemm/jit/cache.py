@@ -24,7 +24,6 @@ from pathlib import Path
 
 from .. import envs
 
-ENTRY_FILES = ("kernel.asc", "kernel.py", "meta.json")
 META_VERSION = 1
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
@@ -231,12 +230,16 @@ def numba_cache_problem(path: Path) -> str | None:
     """None when numba's index files in the entry's __pycache__ are readable, else the problem.
 
     NOTES: numba unpickles its index without guarding against garbage, so a damaged .nbi file would surface as
-    an UnpicklingError at the first call; checking the (small) index files here turns that into a rebuild.
+    an UnpicklingError at the first call; checking the (small) index files here turns that into a rebuild. The
+    index layout is numba's private format: with another numba release nothing is checked here (compile.py still
+    repairs a damaged index when numba raises on it).
     """
     import numba
 
+    from .numba_setup import numba_internals_known
+
     pycache = path / "__pycache__"
-    if not pycache.is_dir():
+    if not pycache.is_dir() or not numba_internals_known():
         return None
     for index in sorted(pycache.glob("*.nbi")):
         try:

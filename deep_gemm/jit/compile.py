@@ -331,7 +331,8 @@ def _build_locked(name, constants, template, template_dir, device_module) -> Com
     try:
         rendered = render(template, constants, template_dir)
     except RenderError as e:
-        raise e.with_context(kernel=name)
+        e.with_context(kernel=name)
+        raise
     timings["render"] = time.perf_counter() - t0
     # NOTES: only the settings that change generated code enter the key (not e.g. whether scipy was deferred).
     settings = {k: v for k, v in apply_numba_settings().items() if k in _CODEGEN_SETTINGS}
@@ -407,7 +408,8 @@ def _build_new(root: Path, name, digest, components, rendered, constants, templa
         consts = " ".join(f"--const {k}={_cli_value(v)}" for k, v in sorted(constants.items()))
         e.detail += (f"\nreproduce: {cache.python_command()} -m deep_gemm.jit.dump --template {template} {consts}"
                      + (f" --device-module {device_module}" if device_module != DEFAULT_DEVICE_MODULE else ""))
-        raise e.with_context(kernel=name, key=digest)
+        e.with_context(kernel=name, key=digest)
+        raise
     timings["translate"] = time.perf_counter() - t0
     _debug(4, f"{name}.{digest}: translated source\n{translation.python}")
     t1 = time.perf_counter()

@@ -7,6 +7,8 @@ operands non-negative (then it emits ``//`` and ``%``).
 
 from __future__ import annotations
 
+import numbers
+
 from numba import types
 from numba.extending import overload
 
@@ -17,7 +19,7 @@ apply_numba_settings()
 
 def c_div(a, b):
     """C ``a / b``: truncating for two integers, true division otherwise."""
-    if isinstance(a, float) or isinstance(b, float) or not (_is_int(a) and _is_int(b)):
+    if not (_is_int(a) and _is_int(b)):
         return a / b
     q = abs(int(a)) // abs(int(b))
     return q if (a < 0) == (b < 0) else -q
@@ -32,9 +34,7 @@ def c_mod(a, b):
 
 
 def _is_int(x) -> bool:
-    import numbers
-
-    return isinstance(x, numbers.Integral)
+    return isinstance(x, numbers.Integral)  # bool and numpy integers included
 
 
 _INTEGRAL = (types.Integer, types.Boolean)  # C promotes bool to int

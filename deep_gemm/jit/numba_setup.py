@@ -56,6 +56,17 @@ def apply_numba_settings() -> dict[str, object]:
 
 KERNEL_MODULE_MARK = "_dg_kernel_"  # generated kernel modules are named _dg_kernel_<name>_<digest>
 
+# NOTES: the private numba internals used here and in cache.py (CPUCodeLibrary._optimize_final_module, the layout
+# of numba's .nbi index files) were read from this release; with any other numba they are left alone.
+NUMBA_INTERNALS_VERSION = "0.68."
+
+
+def numba_internals_known() -> bool:
+    """True when the installed numba is the release whose private internals deep_gemm was written against."""
+    import numba
+
+    return numba.__version__.startswith(NUMBA_INTERNALS_VERSION)
+
 
 def _install_cheap_kernel_link() -> bool:
     """Skip numba's second, full module optimization for libraries of generated kernels.
@@ -73,12 +84,10 @@ def _install_cheap_kernel_link() -> bool:
     if getattr(cls, "_dg_cheap_kernel_link", False):
         return True
     # NOTES: this replaces a private numba method; it is installed only where numba's internals have the shape
-    # it was written against (numba 0.68), and numba keeps its own behaviour anywhere else.
+    # it was written against (numba_internals_known), and numba keeps its own behaviour anywhere else.
     pass_manager = getattr(codegen.CPUCodegen, "_module_pass_manager", None)
     original = getattr(cls, "_optimize_final_module", None)
-    import numba
-
-    if pass_manager is None or original is None or not numba.__version__.startswith("0.68."):
+    if pass_manager is None or original is None or not numba_internals_known():
         return False
 
     def _optimize_final_module(self):

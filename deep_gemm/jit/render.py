@@ -44,7 +44,7 @@ def _finalize(value: object) -> object:
     return value
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _environment(directory: str) -> jinja2.Environment:
     # NOTES: trim_blocks/lstrip_blocks stay off so a line holding only a {% ... %} tag renders as an empty line:
     # the rendered source then keeps the template's line numbers except inside skipped or repeated blocks.

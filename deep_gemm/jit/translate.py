@@ -1359,7 +1359,7 @@ class Translator:
         if len(args) != len(sig.params):
             raise self.error(node, f"{sig.name} takes {len(sig.params)} arguments, got {len(args)}")
         codes = []
-        for (pname, ptype), arg in zip(sig.params, args):
+        for (_pname, ptype), arg in zip(sig.params, args, strict=True):
             if ptype.kind in ("int", "float", "bool"):
                 arg = self.convert(arg, ptype)
             codes.append(strip_parens(arg.code))

@@ -11,8 +11,8 @@ from .generators import (
     random_fp8_codes,
     random_sf,
 )
-from .par_compile import par_compile
 from .numeric import assert_bitwise_equal, calc_diff, count_bytes
+from .par_compile import par_compile
 from .reference import dequantize_fp4, dequantize_fp8, reference_gemm
 
 __all__ = [

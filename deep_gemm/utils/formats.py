@@ -157,7 +157,7 @@ def pack_fp4(codes: np.ndarray, axis: int = -1) -> np.ndarray:
     if codes.dtype.kind not in "ui":
         raise TypeError(f"pack_fp4 needs integer codes, got {codes.dtype=}")
     if codes.ndim == 0:
-        raise ValueError("pack_fp4 needs at least one axis")
+        raise ValueError(f"pack_fp4 needs at least one axis, got {codes.shape=}")
     axis = _norm_axis(axis, codes.ndim)
     if codes.shape[axis] % 2:
         raise ValueError(f"pack_fp4: the packed axis must have even length, got {codes.shape=} {axis=}")
@@ -174,7 +174,7 @@ def unpack_fp4(packed: np.ndarray, axis: int = -1) -> np.ndarray:
     if packed.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)):
         raise TypeError(f"unpack_fp4 needs int8 or uint8 packed bytes, got {packed.dtype=}")
     if packed.ndim == 0:
-        raise ValueError("unpack_fp4 needs at least one axis")
+        raise ValueError(f"unpack_fp4 needs at least one axis, got {packed.shape=}")
     axis = _norm_axis(axis, packed.ndim)
     moved = np.moveaxis(packed.view(np.uint8), axis, -1)
     codes = np.empty(moved.shape[:-1] + (2 * moved.shape[-1],), dtype=np.uint8)

@@ -264,15 +264,16 @@ def test_summary_best_and_median_over_all_and_compute_bound():
     assert g["top_errors"] == {"failed: RuntimeError: boom": 1} and "1 x failed: RuntimeError: boom" in text
 
 
-def test_calc_diff_chunks_match_the_library(monkeypatch, rng):
+def test_calc_diff_chunks_match_one_pass(monkeypatch, rng):
+    from deep_gemm.testing import numeric
+
     x = rng.standard_normal((37, 29)).astype(np.float32)
     y = x + 1e-3 * rng.standard_normal((37, 29)).astype(np.float32)
-    whole = _sweep_cpu.calc_diff(x, y)
-    monkeypatch.setattr(_sweep_cpu, "_CHUNK_ELEMS", 64)  # 2 rows per chunk
-    assert _sweep_cpu.calc_diff(x, y) == pytest.approx(whole, rel=1e-9)
-    from deep_gemm.testing import calc_diff
-
-    assert whole == pytest.approx(calc_diff(x, y), rel=1e-6)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    one_pass = 1.0 - 2.0 * float(np.sum(x64 * y64)) / float(np.sum(x64 * x64 + y64 * y64))
+    assert _sweep_cpu.calc_diff(x, y) == pytest.approx(one_pass, rel=1e-9)
+    monkeypatch.setattr(numeric, "_CHUNK_ELEMS", 64)  # 17 chunks, the last one short
+    assert _sweep_cpu.calc_diff(x, y) == pytest.approx(one_pass, rel=1e-9)
     assert _sweep_cpu.calc_diff(np.zeros((2, 2)), np.zeros((2, 2))) == 0.0
 
 

@@ -58,7 +58,7 @@ def test_more_work_never_faster(dtype, arch):
                                          ((4096, 7168, 16384), "fp4")])
 def test_more_cores_never_slower_for_a_large_gemm(shape, dtype):
     times = [estimate_gemm(*shape, dtype, dtype, arch="950DT", num_ai_cores=c).time_us for c in range(1, 33)]
-    assert all(later <= earlier for earlier, later in zip(times, times[1:])), times
+    assert all(later <= earlier for earlier, later in itertools.pairwise(times)), times
     assert times[0] / times[-1] > 25  # close to linear: 32 cores vs 1
 
 

@@ -18,8 +18,8 @@ from deep_gemm.heuristics import (
     get_best_config,
     model_gemm,
     print_config_once,
+    select,
 )
-from deep_gemm.heuristics import select
 
 SIZES = (1, 17, 64, 100, 256, 576, 2112, 4096, 7168)
 KS = (64, 200, 2048, 7168)

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import numpy as np
+
 from deep_gemm.jit import compile as jit_compile
 from deep_gemm.jit.translate import translate
 

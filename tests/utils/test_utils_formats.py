@@ -14,7 +14,6 @@ from hypothesis.extra import numpy as hnp
 
 from deep_gemm.utils import formats as F
 
-
 # ---------------------------------------------------------------------------------------------------------------
 # Decode tables
 
