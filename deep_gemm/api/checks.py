@@ -108,7 +108,7 @@ def check_output(d: object, m: int, n: int, c: object) -> tuple[np.ndarray, np.n
     if d.size and m > 1 and d.strides[0] < n * d.itemsize:
         raise ValueError(f"d rows must not overlap: outer stride {d.strides[0]} bytes < {n=} * {d.itemsize} bytes")
     if not d.flags.writeable:
-        raise ValueError("d is read-only")
+        raise ValueError(f"d is read-only ({d.flags.writeable=}); pass a writable array")
     if c is not None:
         c = require_array(c, "c")
         if c.dtype != d.dtype:
@@ -116,7 +116,9 @@ def check_output(d: object, m: int, n: int, c: object) -> tuple[np.ndarray, np.n
         if c.shape != d.shape:
             raise ValueError(f"c must have d's shape: {c.shape=} {d.shape=}")
         if np.shares_memory(c, d) and not same_view(c, d):
-            raise ValueError("c overlaps d without being the same view; pass c=d to accumulate in place")
+            raise ValueError(
+                f"c overlaps d without being the same view ({c.strides=} {d.strides=}); pass c=d to accumulate in place"
+            )
     return d, c, out_kind
 
 

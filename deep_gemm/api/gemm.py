@@ -80,7 +80,10 @@ def check_fp8_fp4_problem(a, b, d, c, recipe, recipe_a, recipe_b, disable_ue8m0_
     op_a = make_operand(a_arr, "a", ("fp8", "fp4"))
     op_b = make_operand(b_arr, "b", ("fp8", "fp4"))
     if (op_a.kind, op_b.kind) == ("fp4", "fp8"):
-        raise TypeError("fp4 A with fp8 B is not supported (as upstream); pass fp8 A with fp4 B instead")
+        raise TypeError(
+            f"fp4 A with fp8 B is not supported (as upstream): {a_arr.dtype=} {b_arr.dtype=}; "
+            "pass fp8 A with fp4 B instead"
+        )
     if op_a.k != op_b.k:
         raise ValueError(f"A and B disagree on K: {op_a.k=} {op_b.k=} (a.shape={a_arr.shape}, b.shape={b_arr.shape})")
 
