@@ -30,28 +30,39 @@ import numpy as np
 import deep_gemm
 from deep_gemm.testing import generators
 
-try:
-    from deep_gemm.testing.bench import bench_paired
-except ImportError:  # NOTES: a local fallback with the same contract, for checkouts without the helper
+# NOTES: OpenBLAS's worker threads keep spinning for a while (~0.1 s) after numpy's matmul returns; a call timed
+# right after it shares the 2 cores with them (measured: the BF16 2048^3 stand-in call took 195-210 ms right after
+# numpy, 137-166 ms after a 0.5 s pause; numpy's own time does not change, since the stand-in's threads block
+# instead of spinning). Each timed call therefore starts after a settle pause (--settle, seconds; 0 = back to back).
+SETTLE_SECONDS = 0.25
 
-    def bench_paired(fn_a, fn_b, num_pairs=7, num_warmups=1):
-        from collections import namedtuple
 
-        for _ in range(num_warmups):
-            fn_a()
-            fn_b()
-        ta, tb = [], []
-        for i in range(num_pairs):
-            order = (fn_a, fn_b) if i % 2 == 0 else (fn_b, fn_a)
-            t = {}
-            for fn in order:
-                start = time.perf_counter()
-                fn()
-                t[fn] = time.perf_counter() - start
-            ta.append(t[fn_a])
-            tb.append(t[fn_b])
-        paired = namedtuple("PairedTiming", "median_a median_b median_ratio")
-        return paired(statistics.median(ta), statistics.median(tb), statistics.median(a / b for a, b in zip(ta, tb)))
+@dataclass
+class PairedTiming:
+    median_a: float
+    median_b: float
+    median_ratio: float
+
+
+def bench_paired(fn_a: Callable, fn_b: Callable, num_pairs: int = 7, num_warmups: int = 1) -> PairedTiming:
+    """Time fn_a and fn_b in alternation (A, B then B, A, ...), each after a settle pause; medians and the median of
+    the per-pair ratios a / b."""
+    for _ in range(num_warmups):
+        fn_a()
+        fn_b()
+    ta, tb = [], []
+    for i in range(num_pairs):
+        order = (fn_a, fn_b) if i % 2 == 0 else (fn_b, fn_a)
+        t = {}
+        for fn in order:
+            time.sleep(SETTLE_SECONDS)
+            start = time.perf_counter()
+            fn()
+            t[fn] = time.perf_counter() - start
+        ta.append(t[fn_a])
+        tb.append(t[fn_b])
+    return PairedTiming(statistics.median(ta), statistics.median(tb),
+                        statistics.median(a / b for a, b in zip(ta, tb, strict=True)))
 
 
 BF16 = ml_dtypes.bfloat16
@@ -230,9 +241,12 @@ ROWS: dict[str, Callable] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    global SETTLE_SECONDS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="", help="comma-separated row names or prefixes (default: all)")
     parser.add_argument("--pairs", type=int, default=5, help="paired runs per row (median reported)")
+    parser.add_argument("--settle", type=float, default=SETTLE_SECONDS,
+                        help="seconds of pause before each timed call (lets numpy's BLAS threads go idle)")
     parser.add_argument("--list", action="store_true", help="list the row names and exit")
     args = parser.parse_args(argv)
     if args.list:
@@ -240,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.pairs < 1:
         parser.error(f"--pairs must be >= 1, got {args.pairs}")
+    if args.settle < 0:
+        parser.error(f"--settle must be >= 0, got {args.settle}")
+    SETTLE_SECONDS = args.settle
     wanted = [w for w in args.rows.split(",") if w]
     names = [r for r in ROWS if not wanted or any(r.startswith(w) for w in wanted)]
     if not names:
@@ -250,8 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     wait_policy = os.environ.get("OMP_WAIT_POLICY", "(unset)")
     print(f"# deep_gemm perf check: {os.cpu_count()} CPUs, numba {numba.__version__} "
           f"({numba.config.NUMBA_NUM_THREADS} threads, OMP_WAIT_POLICY={wait_policy}), numpy {np.__version__}; "
-          f"AI cores {deep_gemm.get_num_ai_cores()} ({deep_gemm.get_npu_arch()}); {args.pairs} pairs per row; "
-          f"load average {os.getloadavg()[0]:.2f}")
+          f"AI cores {deep_gemm.get_num_ai_cores()} ({deep_gemm.get_npu_arch()}); {args.pairs} pairs per row, "
+          f"{args.settle:g} s settle; load average {os.getloadavg()[0]:.2f}")
     print("# (each kernel is compiled or loaded on its first, untimed call)")
     rng = np.random.default_rng(0)
     results = []

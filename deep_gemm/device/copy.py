@@ -3,15 +3,22 @@ scale-factor copy. The stand-in's L1 tile is always "rows x K" fp32, so MN-major
 
 GM operands arrive as flat 1-D views of their physical 2-D storage plus the outer (row) stride in elements, like
 DeepGEMM-Ascend's ``gm_ptr{outer_stride, addr}``; every element of a row is contiguous (unit last stride).
+An L1 of fp32 receives decoded values; an L1 of codes (uint8 FP8, uint16 BF16: what the GEMM kernels use, like the
+chip's L1) receives the codes as stored, decoded later by the L1 -> L0 loads (device/cube.py).
+NOTES: decode is integer bit manipulation in 32-bit lanes (_bits.emit_decode, no table gather), so LLVM vectorizes
+each row's loop. The public functions turn their arrays into pointers and call one pointer-based core each, so the
+heavy loops compile (and cache) once per L1 dtype whatever the views' layouts.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import intrinsic
 
 from ..jit.numba_setup import apply_numba_settings
-from ._bits import bits_to_f32
+from ._bits import decode_e2m1, emit_decode, widen_to_i32
+from .cube import _data_ptr, _ptr_add
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
 apply_numba_settings()
@@ -40,48 +47,134 @@ def _e2m1_table() -> np.ndarray:
     return (sign * value).astype(np.float32)
 
 
+# Reference tables (tests and host code); the device code decodes with the bit tricks below, checked against them.
 FP8_E4M3_VALUES = _e4m3fn_table()
 FP4_E2M1_VALUES = _e2m1_table()
 
 
+def _l1_value_intrinsic(kind: str):
+    """An intrinsic ``f(code, pd)``: the value an L1 buffer whose data pointer is ``pd`` stores for GM ``code``:
+    the fp32 decode for an fp32 L1, the code itself for an L1 of codes (uint8 FP8 / uint16 BF16, decoded later by
+    the L1 -> L0 loads, as the chip's L1 holds the operand's own dtype)."""
+
+    def typer(typingctx, code, pd):
+        if not isinstance(code, types.Integer) or not isinstance(pd, types.CPointer):
+            return None
+        if pd.dtype == types.float32:
+            def codegen(context, builder, signature, args):
+                return emit_decode(builder, widen_to_i32(builder, args[0]), kind)
+
+            return types.float32(code, pd), codegen
+        if isinstance(pd.dtype, types.Integer) and pd.dtype.bitwidth == code.bitwidth:
+            def codegen_raw(context, builder, signature, args):
+                return args[0]
+
+            return pd.dtype(code, pd), codegen_raw
+        return None
+
+    typer.__name__ = f"_l1_value_{kind}"
+    return intrinsic(typer)
+
+
+_l1_value_e4m3 = _l1_value_intrinsic("e4m3")
+_l1_value_bf16 = _l1_value_intrinsic("bf16")
+
+
 @njit(cache=True)
-def _valid_extent(l1, mn0, k0, mn, k):
-    """Rows and K columns of the L1 tile that hold real data (the rest is zero-filled)."""
+def _zero_fill_core(pd, ld, num_rows, num_cols, rows, cols):
+    """Zero K columns >= cols of rows < rows, and every column of rows >= rows (L1 element (r, c) at pd[r*ld+c])."""
+    for r in range(num_rows):
+        dst = _ptr_add(pd, r * ld)
+        c0 = cols if r < rows else 0
+        for c in range(c0, num_cols):
+            dst[c] = 0
+
+
+@njit(cache=True)
+def _copy_fp8_core(pd, ld, ps, stride, is_mn_major, mn0, k0, rows, cols):
+    if is_mn_major:
+        # NOTES: rows of GM run along MN: read 8 MN rows per K step so each L1 row is written 1 cache line at a time.
+        for i0 in range(0, rows, 8):
+            ib = min(8, rows - i0)
+            for j in range(cols):
+                src = _ptr_add(ps, (k0 + j) * stride + mn0 + i0)
+                for i in range(ib):
+                    pd[(i0 + i) * ld + j] = _l1_value_e4m3(src[i], pd)
+    else:
+        for i in range(rows):
+            src = _ptr_add(ps, (mn0 + i) * stride + k0)
+            dst = _ptr_add(pd, i * ld)
+            for j in range(cols):
+                dst[j] = _l1_value_e4m3(src[j], pd)
+
+
+@njit(cache=True)
+def _copy_fp4_core(pd, ld, ps, stride, is_mn_major, mn0, k0, rows, cols):
+    if is_mn_major:
+        for j in range(cols):
+            base = (k0 + j) * stride
+            for i in range(rows):
+                e = mn0 + i
+                pd[i * ld + j] = decode_e2m1(ps[base + (e >> 1)] >> ((e & 1) << 2))
+    else:
+        for i in range(rows):
+            base = (mn0 + i) * stride
+            dst = _ptr_add(pd, i * ld)
+            j = 0
+            if k0 & 1 and cols > 0:
+                dst[0] = decode_e2m1(ps[base + (k0 >> 1)] >> 4)
+                j = 1
+            # Whole bytes: two elements each (even element in the low nibble)
+            src = _ptr_add(ps, base + ((k0 + j) >> 1))
+            pairs = (cols - j) >> 1
+            out = _ptr_add(dst, j)
+            for t in range(pairs):
+                byte = src[t]
+                out[2 * t] = decode_e2m1(byte)
+                out[2 * t + 1] = decode_e2m1(byte >> 4)
+            j += 2 * pairs
+            if j < cols:
+                dst[j] = decode_e2m1(ps[base + ((k0 + j) >> 1)])
+
+
+@njit(cache=True)
+def _copy_bf16_core(pd, ld, ps, stride, is_mn_major, mn0, k0, rows, cols):
+    if is_mn_major:
+        for i0 in range(0, rows, 8):
+            ib = min(8, rows - i0)
+            for j in range(cols):
+                src = _ptr_add(ps, (k0 + j) * stride + mn0 + i0)
+                for i in range(ib):
+                    pd[(i0 + i) * ld + j] = _l1_value_bf16(src[i], pd)
+    else:
+        for i in range(rows):
+            src = _ptr_add(ps, (mn0 + i) * stride + k0)
+            dst = _ptr_add(pd, i * ld)
+            for j in range(cols):
+                dst[j] = _l1_value_bf16(src[j], pd)
+
+
+@njit(cache=True, inline="always")
+def _l1_args(l1, mn0, k0, mn, k):
+    """(pointer, row stride in elements, valid rows, valid K columns) of an L1 tile with unit K stride."""
+    if l1.ndim != 2 or (l1.shape[1] > 1 and l1.strides[1] != l1.itemsize):
+        raise ValueError("GM -> L1 copy: the L1 tile must be 2-D with unit K stride")
     rows = min(l1.shape[0], max(mn - mn0, 0))
     cols = min(l1.shape[1], max(k - k0, 0))
-    return rows, cols
-
-
-@njit(cache=True)
-def _zero_fill(l1, rows, cols):
-    """Zero K columns >= cols of rows < rows, and every column of rows >= rows."""
-    for r in range(rows):
-        for c in range(cols, l1.shape[1]):
-            l1[r, c] = 0.0
-    for r in range(rows, l1.shape[0]):
-        for c in range(l1.shape[1]):
-            l1[r, c] = 0.0
+    return _data_ptr(l1), l1.strides[0] // l1.itemsize, rows, cols
 
 
 @njit(cache=True)
 def copy_gm_to_l1_fp8(l1, gm, stride, is_mn_major, mn0, k0, mn, k):
     """DataCopy GM -> L1 of FP8 e4m3fn codes (asc_copy_gm2l1_nd2nz), decoded to fp32 rows x K.
 
-    l1: fp32 [rows, cols] (one L1 stage). gm: flat uint8 codes; K-major: code (r, kk) at gm[r * stride + kk];
-    MN-major: at gm[kk * stride + r]. Fills l1[i, j] = value(mn0 + i, k0 + j); rows >= mn and K >= k become 0.
+    l1: [rows, cols] (one L1 stage, unit K stride), fp32 (decoded here) or uint8 (the codes themselves, decoded by
+    load_l0a / load_l0b). gm: flat uint8 codes; K-major: code (r, kk) at gm[r * stride + kk]; MN-major: at
+    gm[kk * stride + r]. Fills l1[i, j] = value(mn0 + i, k0 + j); rows >= mn and K >= k become 0 (code 0 = +0.0).
     """
-    rows, cols = _valid_extent(l1, mn0, k0, mn, k)
-    if is_mn_major:
-        for j in range(cols):
-            base = (k0 + j) * stride + mn0
-            for i in range(rows):
-                l1[i, j] = FP8_E4M3_VALUES[gm[base + i]]
-    else:
-        for i in range(rows):
-            base = (mn0 + i) * stride + k0
-            for j in range(cols):
-                l1[i, j] = FP8_E4M3_VALUES[gm[base + j]]
-    _zero_fill(l1, rows, cols)
+    pd, ld, rows, cols = _l1_args(l1, mn0, k0, mn, k)
+    _copy_fp8_core(pd, ld, _data_ptr(gm), stride, bool(is_mn_major), mn0, k0, rows, cols)
+    _zero_fill_core(pd, ld, l1.shape[0], l1.shape[1], rows, cols)
 
 
 @njit(cache=True)
@@ -91,40 +184,21 @@ def copy_gm_to_l1_fp4(l1, gm, stride, is_mn_major, mn0, k0, mn, k):
     l1: fp32 [rows, cols]. gm: flat uint8 bytes, ``stride`` in bytes; K-major: element (r, kk) in byte
     gm[r * stride + kk // 2]; MN-major: element (r, kk) in byte gm[kk * stride + r // 2]. Zero beyond mn / k.
     """
-    rows, cols = _valid_extent(l1, mn0, k0, mn, k)
-    if is_mn_major:
-        for j in range(cols):
-            base = (k0 + j) * stride
-            for i in range(rows):
-                e = mn0 + i
-                l1[i, j] = FP4_E2M1_VALUES[(gm[base + (e >> 1)] >> ((e & 1) << 2)) & 0xF]
-    else:
-        for i in range(rows):
-            base = (mn0 + i) * stride
-            for j in range(cols):
-                e = k0 + j
-                l1[i, j] = FP4_E2M1_VALUES[(gm[base + (e >> 1)] >> ((e & 1) << 2)) & 0xF]
-    _zero_fill(l1, rows, cols)
+    pd, ld, rows, cols = _l1_args(l1, mn0, k0, mn, k)
+    _copy_fp4_core(pd, ld, _data_ptr(gm), stride, bool(is_mn_major), mn0, k0, rows, cols)
+    _zero_fill_core(pd, ld, l1.shape[0], l1.shape[1], rows, cols)
 
 
 @njit(cache=True)
 def copy_gm_to_l1_bf16(l1, gm, stride, is_mn_major, mn0, k0, mn, k):
     """DataCopy GM -> L1 of BF16 bit patterns (uint16), widened exactly to fp32 (bits << 16).
 
-    Layouts as in copy_gm_to_l1_fp8, with gm a flat uint16 array and ``stride`` in elements.
+    Layouts as in copy_gm_to_l1_fp8, with gm a flat uint16 array and ``stride`` in elements; l1 fp32 (widened
+    here) or uint16 (the bits, widened by load_l0a / load_l0b).
     """
-    rows, cols = _valid_extent(l1, mn0, k0, mn, k)
-    if is_mn_major:
-        for j in range(cols):
-            base = (k0 + j) * stride + mn0
-            for i in range(rows):
-                l1[i, j] = bits_to_f32(np.uint32(gm[base + i]) << 16)
-    else:
-        for i in range(rows):
-            base = (mn0 + i) * stride + k0
-            for j in range(cols):
-                l1[i, j] = bits_to_f32(np.uint32(gm[base + j]) << 16)
-    _zero_fill(l1, rows, cols)
+    pd, ld, rows, cols = _l1_args(l1, mn0, k0, mn, k)
+    _copy_bf16_core(pd, ld, _data_ptr(gm), stride, bool(is_mn_major), mn0, k0, rows, cols)
+    _zero_fill_core(pd, ld, l1.shape[0], l1.shape[1], rows, cols)
 
 
 @njit(cache=True)
@@ -136,17 +210,23 @@ def copy_gm_to_l1_sf(sf_l1, gm_sf, sf_stride, mn0, k0, mn, k):
     byte and block 2p + 1 in its high byte. Rows >= mn and blocks past ceil(k / 32) become 0.
     """
     rows = min(sf_l1.shape[0], max(mn - mn0, 0))
-    num_k_blocks = (k + 31) // 32
-    kb0 = k0 // 32
-    for j in range(sf_l1.shape[1]):
+    # NOTES: the GM scales view as uint8 [ceil(K/64), 2 * MN] (little-endian: byte 2r + h of row p is block 2p + h
+    # of row r); pointers keep the loops free of negative-index checks.
+    _copy_sf_core(_data_ptr(sf_l1), sf_l1.strides[0], sf_l1.strides[1], sf_l1.shape[0], sf_l1.shape[1],
+                  _data_ptr(gm_sf.view(np.uint8)), sf_stride * 2, mn0, k0 // 32, (k + 31) // 32, rows)
+
+
+@njit(cache=True)
+def _copy_sf_core(pd, rs, cs, num_rows, num_cols, ps, gm_row_bytes, mn0, kb0, num_k_blocks, rows):
+    for j in range(num_cols):
         kb = kb0 + j
+        dst = _ptr_add(pd, j * cs)
         if kb < num_k_blocks:
-            base = (kb >> 1) * sf_stride + mn0
-            shift = (kb & 1) << 3
+            src = _ptr_add(ps, (kb >> 1) * gm_row_bytes + 2 * mn0 + (kb & 1))
             for i in range(rows):
-                sf_l1[i, j] = np.uint8((gm_sf[base + i] >> shift) & 0xFF)
+                dst[i * rs] = src[2 * i]
         else:
             for i in range(rows):
-                sf_l1[i, j] = 0
-        for i in range(rows, sf_l1.shape[0]):
-            sf_l1[i, j] = 0
+                dst[i * rs] = 0
+        for i in range(rows, num_rows):
+            dst[i * rs] = 0

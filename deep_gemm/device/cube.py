@@ -27,6 +27,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..jit.numba_setup import apply_numba_settings, vector_width_bits
+from ._bits import emit_decode, widen_to_i32
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
 apply_numba_settings()
@@ -104,27 +105,61 @@ def _as_intp(context, builder, value, ty):
     return context.cast(builder, value, ty, types.intp)
 
 
+# NOTES: L1 holds either fp32 values or the operand's own codes (uint8 = FP8 e4m3fn, uint16 = BF16 bits), as the
+# chip's L1 holds the operand's dtype; the loads below decode codes in registers on their way to L0 (fused with the
+# scale and the packing), so no fp32 copy of an operand tile is ever written to memory.
+_CODE_KINDS = {types.uint8: "e4m3", types.uint16: "bf16"}
+
+
+def _is_l1_ptr(ptr) -> bool:
+    return isinstance(ptr, types.CPointer) and (ptr.dtype == types.float32 or ptr.dtype in _CODE_KINDS)
+
+
+def _load8(context, builder, ptr_type, ptr, offset):
+    """<8 x float> from 8 consecutive L1 elements at ptr + offset (decoded when L1 holds codes; unaligned)."""
+    if ptr_type.dtype == types.float32:
+        return builder.load(_vec_ptr(builder, ptr, offset, _V8), align=4)
+    elem = context.get_value_type(ptr_type.dtype)
+    raw = builder.load(_vec_ptr(builder, ptr, offset, ir.VectorType(elem, 8)), align=1)
+    return emit_decode(builder, widen_to_i32(builder, raw), _CODE_KINDS[ptr_type.dtype])
+
+
+@intrinsic
+def _l1_to_f32(typingctx, x):
+    """fp32 value of one L1 element: an fp32 as is, a uint8 FP8 e4m3fn code or uint16 BF16 bits decoded."""
+    if x == types.float32:
+        return types.float32(x), lambda context, builder, signature, args: args[0]
+    if x in _CODE_KINDS:
+        kind = _CODE_KINDS[x]
+
+        def codegen(context, builder, signature, args):
+            return emit_decode(builder, widen_to_i32(builder, args[0]), kind)
+
+        return types.float32(x), codegen
+    return None
+
+
 @intrinsic
 def _copy8_scaled(typingctx, dst, src, scale):
-    """dst[0:8] = src[0:8] * scale (one vector load, multiply, store; unaligned)."""
+    """dst[0:8] = value(src[0:8]) * scale (one vector load, decode, multiply, store; unaligned)."""
 
     def codegen(context, builder, signature, args):
         d, s, sc = args
         zero = ir.Constant(ir.IntType(64), 0)
-        v = builder.load(_vec_ptr(builder, s, zero, _V8), align=4)
+        v = _load8(context, builder, signature.args[1], s, zero)
         v = builder.fmul(v, _splat(builder, sc, _V8))
         builder.store(v, _vec_ptr(builder, d, zero, _V8), align=4)
         return context.get_dummy_value()
 
-    if not (isinstance(dst, types.CPointer) and dst.dtype == types.float32 and src == dst):
+    if not (isinstance(dst, types.CPointer) and dst.dtype == types.float32 and _is_l1_ptr(src)):
         return None
     return types.void(dst, src, types.float32), codegen
 
 
 @intrinsic
 def _transpose8x8_scaled(typingctx, dst, dst_stride, src, src_stride, s0, s1, s2, s3, s4, s5, s6, s7):
-    """dst[j * dst_stride + r] = src[r * src_stride + j] * s_r for r, j in 0..7: an in-register 8 x 8 transpose
-    (unpack / shuffle / 128-bit lane permutes), 8 vector loads and 8 vector stores."""
+    """dst[j * dst_stride + r] = value(src[r * src_stride + j]) * s_r for r, j in 0..7: an in-register 8 x 8
+    transpose (unpack / shuffle / 128-bit lane permutes), 8 vector loads (decoded when L1 holds codes), 8 stores."""
 
     def codegen(context, builder, signature, args):
         d, sp = args[0], args[2]
@@ -133,7 +168,7 @@ def _transpose8x8_scaled(typingctx, dst, dst_stride, src, src_stride, s0, s1, s2
         scale = ir.Constant(_V8, ir.Undefined)
         for r in range(8):
             scale = builder.insert_element(scale, args[4 + r], ir.Constant(_I32, r))
-        rows = [builder.load(_vec_ptr(builder, sp, builder.mul(ss, ir.Constant(ss.type, r)), _V8), align=4)
+        rows = [_load8(context, builder, signature.args[2], sp, builder.mul(ss, ir.Constant(ss.type, r)))
                 for r in range(8)]
         # Interleave row pairs, then pairs of pairs (within 128-bit lanes), then swap 128-bit halves.
         t = []
@@ -153,7 +188,7 @@ def _transpose8x8_scaled(typingctx, dst, dst_stride, src, src_stride, s0, s1, s2
             builder.store(col, _vec_ptr(builder, d, builder.mul(ds, ir.Constant(ds.type, j)), _V8), align=4)
         return context.get_dummy_value()
 
-    if not (isinstance(dst, types.CPointer) and dst.dtype == types.float32 and src == dst):
+    if not (isinstance(dst, types.CPointer) and dst.dtype == types.float32 and _is_l1_ptr(src)):
         return None
     f32 = types.float32
     return types.void(dst, dst_stride, src, src_stride, f32, f32, f32, f32, f32, f32, f32, f32), codegen
@@ -213,19 +248,19 @@ def _make_microkernel(mr: int):
         k_next = builder.add(k, ir.Constant(intp, 1))
         tail = builder.block
         k.add_incoming(k_next, tail)
-        for phi, x in zip(accs, new):
+        for phi, x in zip(accs, new, strict=True):
             phi.add_incoming(x, tail)
         builder.cbranch(builder.icmp_signed("<", k_next, kc), loop, done)
 
         # Store the C tile.
         builder.position_at_end(done)
         final = []
-        for x0, x in zip(acc0, new):
+        for x0, x in zip(acc0, new, strict=True):
             phi = builder.phi(vty)
             phi.add_incoming(x0, pre)
             phi.add_incoming(x, tail)
             final.append(phi)
-        for p, x in zip(c_ptrs, final):
+        for p, x in zip(c_ptrs, final, strict=True):
             builder.store(x, p, align=4)
         return context.get_dummy_value()
 
@@ -341,7 +376,7 @@ def _load_a_core(pd, ps, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with
                 s = _sf_scale(psf, sf_rs, sf_cs, row, k0 + kk, with_sf)
             _copy8_scaled(_ptr_add(dst, kk), _ptr_add(src, kk), s)
         for kk in range(kv, mad_k):
-            dst[kk] = src[kk * cs] * _sf_scale(psf, sf_rs, sf_cs, row, k0 + kk, with_sf)
+            dst[kk] = _l1_to_f32(src[kk * cs]) * _sf_scale(psf, sf_rs, sf_cs, row, k0 + kk, with_sf)
 
 
 @njit(cache=True)
@@ -382,7 +417,8 @@ def _load_b_core(pd, ps, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with
                     v = np.float32(0.0)
                     if row < mad_n:
                         k = k0 + kk
-                        v = ps[(row0 + row) * ld + k * cs] * _sf_scale(psf, sf_rs, sf_cs, row0 + row, k, with_sf)
+                        v = _l1_to_f32(ps[(row0 + row) * ld + k * cs]) * _sf_scale(psf, sf_rs, sf_cs, row0 + row, k,
+                                                                                   with_sf)
                     panel[kk * NR + g + rr] = v
 
 
@@ -396,29 +432,31 @@ def _sf_args(sf_l1):
 def load_l0a(l0a, l1a, sf_l1a, row0, k0, mad_m, mad_k, with_sf):
     """LoadData L1 -> L0A (asc_copy_l12l0a; asc_copy_l12l0a_mx with scales).
 
-    l0a: contiguous fp32 1-D [>= l0a_size(mad_m, mad_k)]; l1a: fp32 [block_m, block_k] (rows x K; any strides, unit
-    K stride is the fast path); sf_l1a: uint8 UE8M0 exponents [block_m, block_k // 32] (read only when with_sf).
+    l0a: contiguous fp32 1-D [>= l0a_size(mad_m, mad_k)]; l1a: [block_m, block_k] (rows x K; any strides, unit
+    K stride is the fast path) of fp32 values, or of codes decoded here: uint8 FP8 e4m3fn, uint16 BF16 bits;
+    sf_l1a: uint8 UE8M0 exponents [block_m, block_k // 32] (read only when with_sf).
     Packs l1a[row0:row0+mad_m, k0:k0+mad_k] (rows x K), each value times 2^(e-127) of its 32-K block when with_sf
     (exact: a power of two).
     """
     _check_load(l0a, l1a, sf_l1a, row0, k0, mad_m, mad_k, with_sf, l0a_size(mad_m, mad_k))
     psf, sf_rs, sf_cs = _sf_args(sf_l1a)
-    _load_a_core(_data_ptr(l0a), _data_ptr(l1a), l1a.strides[0] // 4, l1a.strides[1] // 4, psf, sf_rs, sf_cs,
-                 row0, k0, mad_m, mad_k, with_sf)
+    _load_a_core(_data_ptr(l0a), _data_ptr(l1a), l1a.strides[0] // l1a.itemsize, l1a.strides[1] // l1a.itemsize,
+                 psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with_sf)
 
 
 @njit(cache=True)
 def load_l0b(l0b, l1b, sf_l1b, row0, k0, mad_n, mad_k, with_sf):
     """LoadData L1 -> L0B (asc_copy_l12l0b; asc_copy_l12l0b_mx with scales).
 
-    l0b: contiguous fp32 1-D [>= l0b_size(mad_n, mad_k)]; l1b: fp32 [block_n, block_k] (rows x K); sf_l1b: uint8
+    l0b: contiguous fp32 1-D [>= l0b_size(mad_n, mad_k)]; l1b: [block_n, block_k] (rows x K; fp32, uint8 FP8 or
+    uint16 BF16 codes, as load_l0a); sf_l1b: uint8
     [block_n, block_k // 32] (read only when with_sf). Packs l1b[row0:row0+mad_n, k0:k0+mad_k], times 2^(e-127) per
     32-K block when with_sf, into K-major panels of NR rows (transposed 8 x 8 blocks at a time).
     """
     _check_load(l0b, l1b, sf_l1b, row0, k0, mad_n, mad_k, with_sf, l0b_size(mad_n, mad_k))
     psf, sf_rs, sf_cs = _sf_args(sf_l1b)
-    _load_b_core(_data_ptr(l0b), _data_ptr(l1b), l1b.strides[0] // 4, l1b.strides[1] // 4, psf, sf_rs, sf_cs,
-                 row0, k0, mad_n, mad_k, with_sf)
+    _load_b_core(_data_ptr(l0b), _data_ptr(l1b), l1b.strides[0] // l1b.itemsize, l1b.strides[1] // l1b.itemsize,
+                 psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with_sf)
 
 
 @njit(cache=True)

@@ -118,3 +118,38 @@ def test_copy_sf(rng, mn, k, mn0, k0, rows, cols):
     part = exps[mn0 : mn0 + rows, k0 // 32 : k0 // 32 + cols]
     expected[: part.shape[0], : part.shape[1]] = part
     np.testing.assert_array_equal(sf_l1, expected)
+
+
+# L1 of codes (what the GEMM kernels use): GM -> L1 copies the codes as stored; the L1 -> L0 loads decode them
+@pytest.mark.parametrize("major", ["k", "mn"])
+@pytest.mark.parametrize("kind", ["fp8", "bf16"])
+def test_code_l1_matches_decoded_l1(rng, kind, major):
+    from deep_gemm.device import cube
+
+    dtype, copy = (np.uint8, dcopy.copy_gm_to_l1_fp8) if kind == "fp8" else (np.uint16, dcopy.copy_gm_to_l1_bf16)
+    mn, k, mn0, k0, rows, cols = 37, 200, 8, 64, 32, 192  # a tile straddling both edges
+    phys = _non_tight(rng, (mn, k) if major == "k" else (k, mn), dtype)
+    if kind == "fp8":
+        phys[phys == 0x7F] = 0x7E  # NaN codes are checked by the decode tests
+        phys[phys == 0xFF] = 0xFE
+    else:
+        phys[(phys & 0x7F80) == 0x7F80] &= 0x80FF  # no Inf / NaN
+    flat, stride = _flat(phys)
+    codes_l1 = np.full((rows, cols), 0x55, dtype)
+    values_l1 = np.full((rows, cols), np.nan, np.float32)
+    copy(codes_l1, flat, stride, major == "mn", mn0, k0, mn, k)
+    copy(values_l1, flat, stride, major == "mn", mn0, k0, mn, k)
+    logical = phys if major == "k" else phys.T
+    expected_codes = np.zeros((rows, cols), dtype)
+    part = logical[mn0:mn0 + rows, k0:k0 + cols]
+    expected_codes[:part.shape[0], :part.shape[1]] = part
+    np.testing.assert_array_equal(codes_l1, expected_codes)
+    sf = rng.integers(100, 150, size=(rows, cols // 32), dtype=np.uint8)
+    for load, size in ((cube.load_l0a, cube.l0a_size), (cube.load_l0b, cube.l0b_size)):
+        for row0, kk0, tile_rows, tile_k, with_sf in ((0, 0, rows, cols, True), (3, 8, 21, 77, False),
+                                                       (8, 32, 16, 128, True)):
+            from_codes = np.full(size(tile_rows, tile_k), -1.0, np.float32)
+            from_values = from_codes.copy()
+            load(from_codes, codes_l1, sf, row0, kk0, tile_rows, tile_k, with_sf)
+            load(from_values, values_l1, sf, row0, kk0, tile_rows, tile_k, with_sf)
+            np.testing.assert_array_equal(from_codes.view(np.uint32), from_values.view(np.uint32))

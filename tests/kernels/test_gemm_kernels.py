@@ -162,13 +162,19 @@ MULTI_MAD = GemmConfig(block_m=64, block_n=64, block_k=128, mad_m=32, mad_n=32, 
 STREAM_NO_KEEP = GemmConfig(block_m=16, block_n=32, block_k=256, mad_m=16, mad_n=32, mad_k=64, num_l1_stages=2,
                             sf_k_blocks=3, num_ai_cores=CORES, path="stream")
 
+# L0B keeps the slices of both N-MADs across the 2 M-MADs (NUM_N_MADS * NUM_K_MADS <= NUM_L0_STAGES), partial
+# last blocks in M, N and K
+KEEP_B = GemmConfig(block_m=64, block_n=64, block_k=128, mad_m=32, mad_n=32, mad_k=128, num_l1_stages=2,
+                    num_ai_cores=CORES)
+
 # resident A over 3 M blocks (the panel is reloaded whenever a core's M block changes), L0A kept across N-MADs
 STREAM_MULTI_M = GemmConfig(block_m=16, block_n=32, block_k=64, mad_m=16, mad_n=16, mad_k=32, num_l1_stages=2,
                             num_ai_cores=CORES, path="stream")
 
 
 @pytest.mark.parametrize("name,config", [("fp8_cube", MULTI_MAD), ("fp8_fp4_stream", STREAM_NO_KEEP),
-                                         ("bf16_stream_acc", STREAM_MULTI_M)])
+                                         ("bf16_stream_acc", STREAM_MULTI_M), ("fp8_mn_acc", KEEP_B),
+                                         ("bf16_cube", KEEP_B)])
 def test_explicit_configs(name, config, rng):
     a_dtype, b_dtype, m, n, k, major_a, major_b, out_dtype, acc, dims = PROBLEMS[name]
     desc = GemmDesc(m=m, n=n, k=k, a_dtype=a_dtype, b_dtype=b_dtype, out_dtype=out_dtype, major_a=major_a,
