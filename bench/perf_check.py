@@ -28,6 +28,7 @@ import ml_dtypes
 import numpy as np
 
 import deep_gemm
+from deep_gemm.testing import bench_paired as _bench_paired
 from deep_gemm.testing import generators
 
 # NOTES: OpenBLAS's worker threads keep spinning for a while (~0.1 s) after numpy's matmul returns; a call timed
@@ -37,32 +38,8 @@ from deep_gemm.testing import generators
 SETTLE_SECONDS = 0.25
 
 
-@dataclass
-class PairedTiming:
-    median_a: float
-    median_b: float
-    median_ratio: float
-
-
-def bench_paired(fn_a: Callable, fn_b: Callable, num_pairs: int = 7, num_warmups: int = 1) -> PairedTiming:
-    """Time fn_a and fn_b in alternation (A, B then B, A, ...), each after a settle pause; medians and the median of
-    the per-pair ratios a / b."""
-    for _ in range(num_warmups):
-        fn_a()
-        fn_b()
-    ta, tb = [], []
-    for i in range(num_pairs):
-        order = (fn_a, fn_b) if i % 2 == 0 else (fn_b, fn_a)
-        t = {}
-        for fn in order:
-            time.sleep(SETTLE_SECONDS)
-            start = time.perf_counter()
-            fn()
-            t[fn] = time.perf_counter() - start
-        ta.append(t[fn_a])
-        tb.append(t[fn_b])
-    return PairedTiming(statistics.median(ta), statistics.median(tb),
-                        statistics.median(a / b for a, b in zip(ta, tb, strict=True)))
+def bench_paired(fn_a: Callable, fn_b: Callable, num_pairs: int = 7, num_warmups: int = 1):
+    return _bench_paired(fn_a, fn_b, num_pairs, num_warmups, settle=SETTLE_SECONDS)
 
 
 BF16 = ml_dtypes.bfloat16

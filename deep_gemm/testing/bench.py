@@ -43,25 +43,39 @@ def bench(fn: Callable[[], object], num_warmups: int = 2, num_tests: int = 7) ->
 
 
 def bench_paired(
-    fn_a: Callable[[], object], fn_b: Callable[[], object], num_pairs: int = 7, num_warmups: int = 1
+    fn_a: Callable[[], object],
+    fn_b: Callable[[], object],
+    num_pairs: int = 7,
+    num_warmups: int = 1,
+    settle: float = 0.0,
 ) -> PairedTiming:
     """Time ``fn_a`` and ``fn_b`` in alternation (A,B then B,A, ...) and return both medians and the median ratio.
 
     Pairing cancels slow drifts (other processes, clock changes) that two separate runs would fold into the ratio.
+    ``settle`` seconds of sleep before every timed call keep one call's lingering threads (OpenBLAS spins its
+    workers for a while after a matmul) out of the next call's timing.
     """
     _check_count("num_pairs", num_pairs, 1)
     _check_count("num_warmups", num_warmups, 0)
+    if not settle >= 0:
+        raise ValueError(f"settle must be >= 0 seconds, got {settle!r}")
+
+    def timed(fn: Callable[[], object]) -> float:
+        if settle:
+            time.sleep(settle)
+        return _time_call(fn)
+
     for _ in range(num_warmups):
         fn_a()
         fn_b()
     times_a, times_b, ratios = [], [], []
     for i in range(num_pairs):
         if i % 2 == 0:
-            ta = _time_call(fn_a)
-            tb = _time_call(fn_b)
+            ta = timed(fn_a)
+            tb = timed(fn_b)
         else:
-            tb = _time_call(fn_b)
-            ta = _time_call(fn_a)
+            tb = timed(fn_b)
+            ta = timed(fn_a)
         times_a.append(ta)
         times_b.append(tb)
         ratios.append(ta / tb if tb > 0 else float("inf"))

@@ -60,3 +60,12 @@ def test_bench_bad_counts(kwargs):
         bench(lambda: None, **kwargs)
     with pytest.raises(ValueError, match="num_pairs=0"):
         bench_paired(lambda: None, lambda: None, num_pairs=0)
+
+
+def test_bench_paired_settle_sleeps_before_every_timed_call(monkeypatch):
+    sleeps = []
+    monkeypatch.setattr(bench_mod.time, "sleep", sleeps.append)
+    bench_mod.bench_paired(lambda: None, lambda: None, num_pairs=3, num_warmups=1, settle=0.25)
+    assert sleeps == [0.25] * 6
+    with pytest.raises(ValueError, match="settle"):
+        bench_mod.bench_paired(lambda: None, lambda: None, settle=-1.0)
