@@ -6,7 +6,8 @@ is refused before anything is rendered or launched. Pure Python (no numba).
 from __future__ import annotations
 
 from ..heuristics.arch import ArchSpec
-from ..heuristics.config import DTYPE_BITS, GemmConfig, GemmDesc, buffer_bytes
+from ..heuristics.config import GemmConfig, GemmDesc, buffer_bytes, stream_l1_bytes
+from ..heuristics.model import keeps_a_resident as model_keeps_a_resident
 
 
 class BufferCapacityError(ValueError):
@@ -24,30 +25,15 @@ def num_mad_tiles(config: GemmConfig) -> int:
     return (config.block_m // config.mad_m) * (config.block_n // config.mad_n)
 
 
-def stream_resident_a_bytes(desc: GemmDesc, config: GemmConfig) -> int:
-    """L1 bytes of the stream path's resident A panel (BLOCK_M rows x all of K, plus its scale bytes)."""
-    k_padded = -(-desc.k // config.block_k) * config.block_k
-    nbytes = config.block_m * k_padded * DTYPE_BITS[desc.a_dtype] // 8
-    if desc.has_sf:
-        nbytes += config.block_m * (k_padded // 32)
-    return nbytes
-
-
-def stream_l1_bytes(desc: GemmDesc, config: GemmConfig) -> int:
-    """L1 bytes of the stream path with A resident: the A panel plus the B stages (and B's scale ring)."""
-    b_stages = config.num_l1_stages * config.block_n * config.block_k * DTYPE_BITS[desc.b_dtype] // 8
-    if desc.has_sf:
-        b_stages += config.num_l1_sf_stages * config.block_n * config.sf_k_blocks * config.block_k // 32
-    return stream_resident_a_bytes(desc, config) + b_stages
-
-
 def keeps_a_resident(desc: GemmDesc, config: GemmConfig, arch: ArchSpec, k_is_compiled: bool) -> bool:
-    """Whether the stream path keeps the whole A panel in L1: only with K compiled in (the chip sizes L1
-    statically) and when the panel fits beside the B stages; otherwise A streams through the L1 ring like B.
+    """Whether the stream path keeps the whole A panel in L1: the cost model's rule (the panel fits beside the B
+    stages and a core reuses it), and only with K compiled in (the chip sizes L1 statically); otherwise A streams
+    through the L1 ring like B.
 
-    NOTES: DeepGEMM-Ascend's resident-operand refinements likewise apply only when K is a compile-time constant.
+    NOTES: one rule for the kernel and the model, so the model prices the kernel that runs. DeepGEMM-Ascend's
+    resident-operand refinements likewise apply only when K is a compile-time constant.
     """
-    return config.path == "stream" and k_is_compiled and stream_l1_bytes(desc, config) <= arch.l1_bytes
+    return k_is_compiled and model_keeps_a_resident(desc, config, arch)
 
 
 def check_buffer_capacity(desc: GemmDesc, config: GemmConfig, arch: ArchSpec, *,
