@@ -31,11 +31,12 @@ import deep_gemm
 from deep_gemm.testing import bench_paired as _bench_paired
 from deep_gemm.testing import generators
 
-# NOTES: OpenBLAS's worker threads keep spinning for a while (~0.1 s) after numpy's matmul returns; a call timed
-# right after it shares the 2 cores with them (measured: the BF16 2048^3 stand-in call took 195-210 ms right after
-# numpy, 137-166 ms after a 0.5 s pause; numpy's own time does not change, since the stand-in's threads block
-# instead of spinning). Each timed call therefore starts after a settle pause (--settle, seconds; 0 = back to back).
-SETTLE_SECONDS = 0.25
+# NOTES: back to back (the default) a call timed right after numpy's matmul shares the 2 cores with OpenBLAS's
+# worker threads, which keep spinning for ~0.1 s; that slows the stand-in on large shapes (BF16 2048^3: 161 ms back
+# to back, 140 ms settled, one run). A settle pause before every timed call (--settle 0.25) removes that, but also
+# lets numpy's threads fall asleep, which slows numpy more than it helps us on the small-M rows (FP8 M=16: numpy
+# 122 ms back to back, 155 ms settled). Neither is neutral: the README quotes both runs.
+SETTLE_SECONDS = 0.0
 
 
 def bench_paired(fn_a: Callable, fn_b: Callable, num_pairs: int = 7, num_warmups: int = 1):
