@@ -52,32 +52,25 @@ FP8_E4M3_VALUES = _e4m3fn_table()
 FP4_E2M1_VALUES = _e2m1_table()
 
 
-def _l1_value_intrinsic(kind: str):
-    """An intrinsic ``f(code, pd)``: the value an L1 buffer whose data pointer is ``pd`` stores for GM ``code``:
-    the fp32 decode for an fp32 L1, the code itself for an L1 of codes (uint8 FP8 / uint16 BF16, decoded later by
-    the L1 -> L0 loads, as the chip's L1 holds the operand's own dtype)."""
-
-    def typer(typingctx, code, pd):
-        if not isinstance(code, types.Integer) or not isinstance(pd, types.CPointer):
-            return None
-        if pd.dtype == types.float32:
-            def codegen(context, builder, signature, args):
-                return emit_decode(builder, widen_to_i32(builder, args[0]), kind)
-
-            return types.float32(code, pd), codegen
-        if isinstance(pd.dtype, types.Integer) and pd.dtype.bitwidth == code.bitwidth:
-            def codegen_raw(context, builder, signature, args):
-                return args[0]
-
-            return pd.dtype(code, pd), codegen_raw
+@intrinsic
+def _l1_value(typingctx, code, pd):
+    """``f(code, pd)``: the value an L1 buffer whose data pointer is ``pd`` stores for GM ``code``: the fp32 decode
+    for an fp32 L1 (an 8-bit code is FP8 e4m3, a 16-bit one BF16 bits), the code itself for an L1 of codes (uint8
+    FP8 / uint16 BF16, decoded later by the L1 -> L0 loads, as the chip's L1 holds the operand's own dtype)."""
+    if not isinstance(code, types.Integer) or not isinstance(pd, types.CPointer) or code.bitwidth not in (8, 16):
         return None
+    kind = "e4m3" if code.bitwidth == 8 else "bf16"
+    if pd.dtype == types.float32:
+        def codegen(context, builder, signature, args):
+            return emit_decode(builder, widen_to_i32(builder, args[0]), kind)
 
-    typer.__name__ = f"_l1_value_{kind}"
-    return intrinsic(typer)
+        return types.float32(code, pd), codegen
+    if isinstance(pd.dtype, types.Integer) and pd.dtype.bitwidth == code.bitwidth:
+        def codegen_raw(context, builder, signature, args):
+            return args[0]
 
-
-_l1_value_e4m3 = _l1_value_intrinsic("e4m3")
-_l1_value_bf16 = _l1_value_intrinsic("bf16")
+        return pd.dtype(code, pd), codegen_raw
+    return None
 
 
 @njit(cache=True)
@@ -91,7 +84,8 @@ def _zero_fill_core(pd, ld, num_rows, num_cols, rows, cols):
 
 
 @njit(cache=True)
-def _copy_fp8_core(pd, ld, ps, stride, is_mn_major, mn0, k0, rows, cols):
+def _copy_codes_core(pd, ld, ps, stride, is_mn_major, mn0, k0, rows, cols):
+    """FP8 (uint8) or BF16 (uint16) codes from GM into an L1 tile of codes or of decoded fp32 (see _l1_value)."""
     if is_mn_major:
         # NOTES: rows of GM run along MN: read 8 MN rows per K step so each L1 row is written 1 cache line at a time.
         for i0 in range(0, rows, 8):
@@ -99,13 +93,13 @@ def _copy_fp8_core(pd, ld, ps, stride, is_mn_major, mn0, k0, rows, cols):
             for j in range(cols):
                 src = _ptr_add(ps, (k0 + j) * stride + mn0 + i0)
                 for i in range(ib):
-                    pd[(i0 + i) * ld + j] = _l1_value_e4m3(src[i], pd)
+                    pd[(i0 + i) * ld + j] = _l1_value(src[i], pd)
     else:
         for i in range(rows):
             src = _ptr_add(ps, (mn0 + i) * stride + k0)
             dst = _ptr_add(pd, i * ld)
             for j in range(cols):
-                dst[j] = _l1_value_e4m3(src[j], pd)
+                dst[j] = _l1_value(src[j], pd)
 
 
 @njit(cache=True)
@@ -137,23 +131,6 @@ def _copy_fp4_core(pd, ld, ps, stride, is_mn_major, mn0, k0, rows, cols):
                 dst[j] = decode_e2m1(ps[base + ((k0 + j) >> 1)])
 
 
-@njit(cache=True)
-def _copy_bf16_core(pd, ld, ps, stride, is_mn_major, mn0, k0, rows, cols):
-    if is_mn_major:
-        for i0 in range(0, rows, 8):
-            ib = min(8, rows - i0)
-            for j in range(cols):
-                src = _ptr_add(ps, (k0 + j) * stride + mn0 + i0)
-                for i in range(ib):
-                    pd[(i0 + i) * ld + j] = _l1_value_bf16(src[i], pd)
-    else:
-        for i in range(rows):
-            src = _ptr_add(ps, (mn0 + i) * stride + k0)
-            dst = _ptr_add(pd, i * ld)
-            for j in range(cols):
-                dst[j] = _l1_value_bf16(src[j], pd)
-
-
 @njit(cache=True, inline="always")
 def _l1_args(l1, mn0, k0, mn, k):
     """(pointer, row stride in elements, valid rows, valid K columns) of an L1 tile with unit K stride."""
@@ -173,7 +150,7 @@ def copy_gm_to_l1_fp8(l1, gm, stride, is_mn_major, mn0, k0, mn, k):
     gm[kk * stride + r]. Fills l1[i, j] = value(mn0 + i, k0 + j); rows >= mn and K >= k become 0 (code 0 = +0.0).
     """
     pd, ld, rows, cols = _l1_args(l1, mn0, k0, mn, k)
-    _copy_fp8_core(pd, ld, _data_ptr(gm), stride, bool(is_mn_major), mn0, k0, rows, cols)
+    _copy_codes_core(pd, ld, _data_ptr(gm), stride, bool(is_mn_major), mn0, k0, rows, cols)
     _zero_fill_core(pd, ld, l1.shape[0], l1.shape[1], rows, cols)
 
 
@@ -197,7 +174,7 @@ def copy_gm_to_l1_bf16(l1, gm, stride, is_mn_major, mn0, k0, mn, k):
     here) or uint16 (the bits, widened by load_l0a / load_l0b).
     """
     pd, ld, rows, cols = _l1_args(l1, mn0, k0, mn, k)
-    _copy_bf16_core(pd, ld, _data_ptr(gm), stride, bool(is_mn_major), mn0, k0, rows, cols)
+    _copy_codes_core(pd, ld, _data_ptr(gm), stride, bool(is_mn_major), mn0, k0, rows, cols)
     _zero_fill_core(pd, ld, l1.shape[0], l1.shape[1], rows, cols)
 
 
