@@ -78,3 +78,45 @@ def test_static_asserts_refuse_bad_tiles():
     constants = gemm_constants(desc, bad, "nk", False)
     with pytest.raises(TranslateError, match="static_assert failed"):
         translate(render("fp8_gemm", constants), template="fp8_gemm", constants=constants)
+
+
+def _code_lines(path) -> list[str]:
+    """The template's lines with comments, jinja comments and blank lines dropped, white space folded."""
+    import re
+
+    text = re.sub(r"\{#.*?#\}", "", path.read_text(), flags=re.S)
+    lines = (" ".join(re.sub(r"//.*", "", line).split()) for line in text.splitlines())
+    return [line for line in lines if line]
+
+
+def test_gemm_templates_share_the_library_not_copies():
+    from deep_gemm.jit.render import default_template_dir
+
+    root = default_template_dir()
+    fp8, bf16 = _code_lines(root / "fp8_gemm.asc.j2"), _code_lines(root / "bf16_gemm.asc.j2")
+    for lines in (fp8, bf16):
+        assert '{%- import "lib/gemm.asc.j2" as gemm with context %}' in lines
+    windows = {tuple(fp8[i:i + 6]) for i in range(len(fp8) - 5)}
+    shared = [bf16[i:i + 6] for i in range(len(bf16) - 5) if tuple(bf16[i:i + 6]) in windows]
+    assert not shared, f"fp8_gemm and bf16_gemm repeat six code lines: {shared[0]}"
+
+
+def test_library_hooks_replace_scheduler_and_epilogue(tmp_path):
+    """A family template can pass its own scheduler step and epilogue to the library's tile loop (grouped GEMMs and
+    vector epilogues do); the rest of the loop stays the library's."""
+    import shutil
+
+    from deep_gemm.jit.render import default_template_dir
+
+    shutil.copytree(default_template_dir() / "lib", tmp_path / "lib")
+    (tmp_path / "hooked.asc.j2").write_text(
+        '{%- import "lib/gemm.asc.j2" as gemm with context %}\n'
+        "{% macro my_schedule() %}blk[0] = my_m_block(t);{% endmacro %}\n"
+        "{% macro my_epilogue() %}my_epilogue(l0c, slot_base);{% endmacro %}\n"
+        "{{ gemm.tile_loop(scaled=false, scheduler=my_schedule, epilogue=my_epilogue) }}\n"
+    )
+    desc = GemmDesc(m=40, n=96, k=320, a_dtype="bf16", b_dtype="bf16")
+    source = render("hooked", gemm_constants(desc, CONFIGS["cube"], "nk", False), tmp_path)
+    assert "blk[0] = my_m_block(t);" in source and "my_epilogue(l0c, slot_base);" in source
+    assert "get_swizzled_block" not in source and "Fixpipe(" not in source
+    assert "mad_k_block(a_l1, no_sf, a_k0, b_l1, no_sf" in source  # the library's K loop
