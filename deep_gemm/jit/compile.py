@@ -1,6 +1,6 @@
 """build(): template + constants -> a loaded, numba-compiled kernel, through the in-process and on-disk caches.
 
-render (render.py) -> key (cache.py) -> memory hit | disk hit | translate (translate.py) + publish -> import
+render (render.py) -> key (cache.py) -> memory hit | disk hit | translate (translate/) + publish -> import
 kernel.py -> numba compiles (or loads its own cache) at the first call. Compile events are observable (stats(),
 add_listener()). Knows nothing of GEMM.
 """

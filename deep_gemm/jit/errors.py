@@ -1,6 +1,6 @@
 """The JIT's exceptions: one base class, one subclass per phase. Each names the phase, the kernel and the cache key.
 
-No logic lives here beyond formatting; the phases raise them (render.py, translate.py, compile.py, cache.py).
+No logic lives here beyond formatting; the phases raise them (render.py, translate/, compile.py, cache.py).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ MACROS: dict[str, str] = {
     "__mix__(...)": "mix-kernel attribute with its (aic, aiv) arguments on one line",
 }
 
-# Identifier types the translator understands directly (kept as they are, see translate.py):
+# Identifier types the translator understands directly (kept as they are, see translate/ctype.py):
 #   GM_ADDR  -> a GM byte pointer (`__gm__ uint8_t*`): the parameter is a numpy array.
 KNOWN_TYPE_MACROS: dict[str, str] = {"GM_ADDR": "uint8"}
 

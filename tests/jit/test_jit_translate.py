@@ -1,4 +1,4 @@
-"""translate.py: each construct of the subset translates to the expected Python and behaves like C (run here as
+"""jit/translate/: each construct of the subset translates to the expected Python and behaves like C (run here as
 plain Python, no numba); anything outside the subset is a TranslateError with template, line:col and a caret."""
 
 from __future__ import annotations
@@ -368,3 +368,23 @@ def test_type_tracking_edges():
     assert ns["pick"](a, b, True) == 1.0 and ns["pick"](a, b, False) == 2.0
     assert ns["bool_div"](True) == 2
     assert "v[0, 1] = np.float32(2.0)" in py  # a tensor of unknown rank takes two indices
+
+
+def test_entry_params_are_the_entry_abi():
+    from deep_gemm.jit.translate import EntryParam, entry_params
+
+    source = """
+        __aicore__ inline int32_t helper(int32_t a) { return a; }
+        extern "C" __global__ __aicore__ void k(GM_ADDR ws, const float* __restrict__ x, GlobalTensor<float> y,
+                                               const LocalTensor<int16_t>& z, uint32_t n, float alpha) {}
+    """
+    expected = [EntryParam("ws", "GM_ADDR", "pointer", "uint8"),
+                EntryParam("x", "const float*", "pointer", "float32"),  # macros blanked
+                EntryParam("y", "GlobalTensor<float>", "pointer", "float32"),
+                EntryParam("z", "const LocalTensor<int16_t>&", "pointer", "int16"),
+                EntryParam("n", "uint32_t", "scalar", "uint32"), EntryParam("alpha", "float", "scalar", "float32")]
+    assert entry_params(source) == expected
+    translation = translate(source, template="t", constants={"NUM_AI_CORES": 2}, device_module=EXAMPLE_DEVICE)
+    assert list(translation.params) == expected
+    with pytest.raises(TranslateError, match="no kernel entry"):
+        entry_params("__aicore__ inline int32_t f() { return 0; }\n")

@@ -1,0 +1,453 @@
+"""Statements: declarations, assignments, control flow and scopes, each C statement kind one short handler
+(STMT); counted `for` loops become `range`, others `while` with the update before every `continue`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+from tree_sitter import Node
+
+from ..errors import TranslateError
+from .ctype import CType, Expr, int_ctype
+from .emitter import strip_parens
+
+if TYPE_CHECKING:
+    from .entry import FuncSig
+
+
+@dataclass
+class Sym:
+    ctype: CType
+    const: bool = False
+    line: int = 0
+
+
+@dataclass
+class FuncCtx:
+    sig: FuncSig
+    scopes: list[dict[str, Sym]] = field(default_factory=list)
+    loops: list[list[str] | None] = field(default_factory=list)  # per loop: update lines to run before continue
+    const_values: dict[str, object] = field(default_factory=dict)
+
+
+class Statements:
+    """Mixin of Translator: one handler per statement node type (STMT)."""
+
+    def statements(self, nodes) -> None:
+        for node in nodes:
+            self.statement(node)
+
+    def statement(self, node: Node) -> None:
+        handler = self.STMT.get(node.type)
+        if handler is None:
+            raise self.error(node, f"unsupported statement: {node.type}")
+        handler(self, node)
+
+    def comment(self, node: Node) -> None:
+        for i, line in enumerate(self.text(node).splitlines()):
+            line = line.strip()
+            for prefix in ("//", "/*", "*/", "*"):
+                if line.startswith(prefix):
+                    line = line[len(prefix):].strip()
+            line = line.removesuffix("*/").strip()
+            if line or i == 0:
+                self.emit(f"# {line}".rstrip(), node)
+
+    def compound(self, node: Node) -> None:
+        self.func.scopes.append({})
+        self.statements(node.named_children)
+        self.func.scopes.pop()
+
+    def body(self, node: Node) -> None:
+        """A statement used as the body of if/for/while, in its own scope, one indent deeper."""
+
+        def run():
+            self.func.scopes.append({})
+            if node.type == "compound_statement":
+                self.statements(node.named_children)
+            else:
+                self.statement(node)
+            self.func.scopes.pop()
+
+        self.block(run, node)
+
+    def declaration(self, node: Node) -> None:
+        quals = {self.text(c) for c in node.children if c.type in ("type_qualifier", "storage_class_specifier")}
+        if quals - {"const", "constexpr"}:
+            raise self.error(node, f"unsupported qualifier(s) {sorted(quals - {'const', 'constexpr'})}")
+        is_const = bool(quals)
+        base = self.type_of(node.child_by_field_name("type"), node)
+        for decl in node.children_by_field_name("declarator"):
+            self.declarator(decl, base, is_const, "constexpr" in quals)
+
+    def declarator(self, decl: Node, base: CType, is_const: bool, is_constexpr: bool) -> None:
+        value_node = decl.child_by_field_name("value") if decl.type == "init_declarator" else None
+        target = decl.child_by_field_name("declarator") if decl.type == "init_declarator" else decl
+        if value_node is not None and value_node.type in ("argument_list", "initializer_list") and \
+                target.type != "array_declarator":
+            raise self.error(value_node, "use `T x = value;` (direct and brace initialization are not supported)")
+        pointer = False
+        while target.type in ("pointer_declarator", "reference_declarator"):
+            pointer = pointer or target.type == "pointer_declarator"
+            target = target.child_by_field_name("declarator") or target.named_children[-1]
+        if target.type == "array_declarator":
+            return self.array_declaration(decl, target, base, value_node)
+        if target.type != "identifier":
+            raise self.error(target, f"unsupported declarator ({target.type})")
+        name = self.text(target)
+        self.declare_check(target, name)
+        if value_node is None:
+            if base.kind in ("int", "float", "bool"):
+                self.emit(f"{name} = {self.literal(0, base.np)}", decl)
+                self.define(name, base, is_const, decl)
+                return
+            raise self.error(decl, f"{name!r} needs an initializer")
+        value = self.expr(value_node)
+        if base.kind == "auto":
+            ctype = value.ctype
+            code = value.code
+        elif pointer or base.kind == "array":
+            if value.ctype.kind not in ("array", "unknown"):
+                raise self.error(value_node, "a pointer/tensor must be initialized from a tensor or an allocation")
+            ndim = value.ctype.ndim if value.ctype.kind == "array" else 0  # 0: rank unknown
+            ctype = CType("array", base.np or value.ctype.np, ndim if not pointer else max(ndim, 1))
+            code = value.code
+        else:
+            code = self.convert(value, base).code
+            ctype = base
+        # NOTES: unsigned variables are non-negative by type (templates must not wrap them); signed ones only when
+        # const with a non-negative initializer. Non-negative operands get Python's // and % (no C helpers).
+        unsigned = ctype.kind == "int" and (ctype.np or "").startswith("uint")
+        ctype = ctype.with_nonneg(unsigned or (is_const and value.ctype.nonneg))
+        self.emit(f"{name} = {strip_parens(code)}", decl)
+        self.define(name, ctype, is_const, decl)
+        if is_constexpr:
+            self.func.const_values[name] = self.evaluate(code, value_node, f"constexpr {name}")
+
+    def array_declaration(self, decl: Node, target: Node, base: CType, value_node: Node | None) -> None:
+        dims = []
+        while target.type == "array_declarator":
+            size = target.child_by_field_name("size")
+            if size is None:
+                raise self.error(target, "local arrays need an explicit size")
+            dims.append(int(self.evaluate(self.expr(size).code, size, "array size")))
+            target = target.child_by_field_name("declarator")
+        dims.reverse()
+        if target.type != "identifier":
+            raise self.error(target, "unsupported array declarator")
+        if base.kind not in ("int", "float", "bool"):
+            raise self.error(decl, "local arrays need a scalar element type")
+        name = self.text(target)
+        self.declare_check(target, name)
+        shape = str(dims[0]) if len(dims) == 1 else "(" + ", ".join(map(str, dims)) + ")"
+        if value_node is None:
+            self.emit(f"{name} = np.zeros({shape}, np.{base.np})", decl)
+        else:
+            if value_node.type != "initializer_list":
+                raise self.error(value_node, "arrays are initialized with `= {...}`")
+            values = self.initializer(value_node, dims, base)
+            self.emit(f"{name} = np.array({values}, np.{base.np})", decl)
+        self.define(name, CType("array", base.np, len(dims)), False, decl)
+
+    def initializer(self, node: Node, dims: list[int], base: CType) -> str:
+        items = [c for c in node.named_children if c.type != "comment"]
+        if len(items) > dims[0]:
+            raise self.error(node, f"{len(items)} initializers for an array of {dims[0]}")
+        if len(dims) > 1:
+            parts = [self.initializer(c, dims[1:], base) if c.type == "initializer_list"
+                     else self.error_raise(c, "nested arrays need nested `{...}`") for c in items]
+            zero = "[" + ", ".join(["0"] * dims[1]) + "]" if len(dims) == 2 else None
+            while len(parts) < dims[0]:
+                if zero is None:
+                    raise self.error(node, "partially initialized 3-D arrays are not supported")
+                parts.append(zero)
+            return "[" + ", ".join(parts) + "]"
+        parts = [self.expr(c).code for c in items] + ["0"] * (dims[0] - len(items))
+        return "[" + ", ".join(parts) + "]"
+
+    def define(self, name: str, ctype: CType, const: bool, node: Node) -> None:
+        self.func.scopes[-1][name] = Sym(ctype, const, self.line(node))
+
+    def declare_check(self, node: Node, name: str) -> None:
+        self.check_name(node, name)
+        for scope in self.func.scopes:
+            if name in scope:
+                raise self.error(node, f"{name!r} shadows a declaration at line {scope[name].line}; rename it "
+                                       "(Python has one scope per function)")
+
+    def expression_statement(self, node: Node) -> None:
+        children = [c for c in node.named_children if c.type != "comment"]
+        if not children:
+            return
+        expr = children[0]
+        if expr.type == "comma_expression":
+            for part in self.comma_parts(expr):
+                self.simple_statement(part, node)
+        else:
+            self.simple_statement(expr, node)
+
+    def simple_statement(self, expr: Node, stmt: Node) -> None:
+        for line in self.simple_statement_lines(expr):
+            self.emit(line, stmt)
+
+    def simple_statement_lines(self, expr: Node) -> list[str]:
+        """Python lines for an expression used as a statement: assignments, ++/--, calls, SetValue."""
+        if expr.type == "assignment_expression":
+            return [self.assignment(expr)]
+        if expr.type == "update_expression":
+            return [self.update(expr)]
+        if expr.type == "parenthesized_expression":
+            return self.simple_statement_lines(expr.named_children[0])
+        if expr.type == "call_expression":
+            fn = expr.child_by_field_name("function")
+            if fn.type == "field_expression" and self.text(fn.child_by_field_name("field")) == "SetValue":
+                obj = self.expr(fn.child_by_field_name("argument"))
+                args = self.call_args(expr)
+                if len(args) != 2:
+                    raise self.error(expr, "SetValue(index, value) takes two arguments")
+                return [f"{obj.code}[{strip_parens(args[0].code)}] = {strip_parens(args[1].code)}"]
+        return [strip_parens(self.expr(expr).code)]
+
+    def assignment(self, node: Node) -> str:
+        left, op, right = node.child_by_field_name("left"), node.child_by_field_name("operator"), \
+            node.child_by_field_name("right")
+        op = self.text(op)
+        if op == "=" and right.type == "assignment_expression" and self.text(right.child_by_field_name(
+                "operator")) == "=":
+            # chained a = b = c: assign right to left, innermost first
+            inner = self.assignment(right)
+            target = self.lvalue(left)
+            return f"{target.code} = {inner}"
+        target = self.lvalue(left)
+        value = self.expr(right)
+        if op == "=":
+            if target.ctype.kind in ("int", "float", "bool") and left.type == "identifier":
+                value = self.convert(value, target.ctype)
+            return f"{target.code} = {strip_parens(value.code)}"
+        binop = op[:-1]
+        if binop in ("/", "%") or (left.type == "identifier" and not self.keeps_type(target.ctype, value.ctype)):
+            combined = self.binary_codes(target, binop, value, node)
+            if left.type == "identifier":
+                combined = self.convert(combined, target.ctype)
+            return f"{target.code} = {strip_parens(combined.code)}"
+        if binop in ("<<", ">>", "&", "|", "^") and target.ctype.kind == "float":
+            raise self.error(node, f"{op} on a floating-point value")
+        return f"{target.code} {op} {strip_parens(value.code)}"
+
+    def update(self, node: Node) -> str:
+        op = self.text(node.child_by_field_name("operator"))
+        target = self.lvalue(node.child_by_field_name("argument"))
+        one = "np.float32(1)" if target.ctype.np == "float32" else "1"
+        return f"{target.code} {'+=' if op == '++' else '-='} {one}"
+
+    def lvalue(self, node: Node) -> Expr:
+        if node.type == "identifier":
+            name = self.text(node)
+            sym = self.lookup_local(name)
+            if sym is None:
+                if name in self.module_consts:
+                    raise self.error(node, f"cannot assign to the constant {name!r}")
+                raise self.error(node, f"undeclared identifier {name!r}")
+            if sym.const:
+                raise self.error(node, f"cannot assign to const {name!r}")
+            if sym.ctype.kind == "array":
+                raise self.error(node, f"cannot re-point the tensor {name!r} (declare a new name)")
+            return Expr(name, sym.ctype)
+        if node.type == "subscript_expression":
+            return self.expr(node)
+        if node.type == "parenthesized_expression":
+            return self.lvalue(node.named_children[0])
+        raise self.error(node, f"unsupported assignment target ({node.type})")
+
+    def if_statement(self, node: Node, keyword_: str = "if") -> None:
+        cond_node = node.child_by_field_name("condition")
+        consequence = node.child_by_field_name("consequence")
+        alternative = node.child_by_field_name("alternative")
+        if any(c.type == "constexpr" for c in node.children):
+            value = self.evaluate(self.expr(self.condition_value(cond_node)).code, cond_node, "if constexpr condition")
+            self.emit(f"# if constexpr ({self.text(self.condition_value(cond_node))}) -> {bool(value)}", node)
+            taken = consequence if value else (alternative.named_children[-1] if alternative is not None else None)
+            if taken is not None:
+                self.func.scopes.append({})
+                self.statements(taken.named_children if taken.type == "compound_statement" else [taken])
+                self.func.scopes.pop()
+            return
+        cond = self.expr(self.condition_value(cond_node))
+        self.emit(f"{keyword_} {strip_parens(cond.code)}:", node)
+        self.body(consequence)
+        if alternative is None:
+            return
+        alt = [c for c in alternative.named_children if c.type != "comment"][-1]
+        if alt.type == "if_statement" and not any(c.type == "constexpr" for c in alt.children):
+            self.if_statement(alt, "elif")
+        else:
+            self.emit("else:", alternative)
+            self.body(alt)
+
+    def while_statement(self, node: Node) -> None:
+        cond = self.expr(self.condition_value(node.child_by_field_name("condition")))
+        self.emit(f"while {strip_parens(cond.code)}:", node)
+        self.func.loops.append(None)
+        self.body(node.child_by_field_name("body"))
+        self.func.loops.pop()
+
+    def for_statement(self, node: Node) -> None:
+        self.func.scopes.append({})
+        counted = self.counted_loop(node)
+        body = node.child_by_field_name("body")
+        if counted is not None:
+            var, range_args, ctype = counted
+            self.declare_check(node.child_by_field_name("initializer"), var)
+            self.emit(f"for {var} in range({range_args}):", node)
+            self.define(var, ctype, True, node)  # the body may not assign it (checked by counted_loop)
+            self.func.loops.append(None)
+            self.body(body)
+            self.func.loops.pop()
+        else:
+            self.while_loop(node, body)
+        self.func.scopes.pop()
+
+    def while_loop(self, node: Node, body: Node) -> None:
+        init = node.child_by_field_name("initializer")
+        if init is not None:
+            if init.type == "declaration":
+                self.declaration(init)
+            else:
+                for part in self.comma_parts(init):
+                    self.simple_statement(part, init)
+        cond_node = node.child_by_field_name("condition")
+        cond = self.expr(cond_node).code if cond_node is not None else "True"
+        update = node.child_by_field_name("update")
+        update_lines = []
+        if update is not None:
+            for part in self.comma_parts(update):
+                update_lines += self.simple_statement_lines(part)
+        self.emit(f"while {strip_parens(cond)}:", node)
+        self.func.loops.append(update_lines)
+
+        def run():
+            self.func.scopes.append({})
+            self.statements(body.named_children if body.type == "compound_statement" else [body])
+            self.func.scopes.pop()
+            for line in update_lines:
+                self.emit(line, update)
+
+        self.block(run, body)
+        self.func.loops.pop()
+
+    def counted_loop(self, node: Node) -> tuple[str, str, CType] | None:
+        """(var, range arguments, var type) when the for loop is a counted loop that `range` expresses exactly."""
+        init, cond, update = (node.child_by_field_name(f) for f in ("initializer", "condition", "update"))
+        if init is None or cond is None or update is None or init.type != "declaration":
+            return None
+        decls = init.children_by_field_name("declarator")
+        if len(decls) != 1 or decls[0].type != "init_declarator":
+            return None
+        var_node = decls[0].child_by_field_name("declarator")
+        if var_node.type != "identifier":
+            return None
+        var = self.text(var_node)
+        base = self.type_of(init.child_by_field_name("type"), init)
+        start = self.expr(decls[0].child_by_field_name("value"))
+        if not (base.kind == "int" or (base.kind == "auto" and start.ctype.kind == "int")) or \
+                not start.ctype.is_int:
+            return None
+        # step
+        step_code, step_sign = None, 0
+        if update.type == "update_expression" and self.is_ident(update.child_by_field_name("argument"), var):
+            step_sign = 1 if self.text(update.child_by_field_name("operator")) == "++" else -1
+            step_code = "1"
+        elif update.type == "assignment_expression" and self.is_ident(update.child_by_field_name("left"), var):
+            op = self.text(update.child_by_field_name("operator"))
+            step_node = update.child_by_field_name("right")
+            if op not in ("+=", "-=") or not self.invariant(step_node, node) or self.mentions(step_node, var):
+                return None
+            step = self.expr(step_node)
+            value = self.try_evaluate(step.code)
+            if not step.ctype.is_int or not isinstance(value, (int, np.integer)) or value <= 0:
+                return None  # NOTES: only a compile-time positive step keeps C semantics under range()
+            step_code, step_sign = strip_parens(step.code), (1 if op == "+=" else -1)
+        else:
+            return None
+        # condition
+        if cond.type != "binary_expression" or not self.is_ident(cond.child_by_field_name("left"), var):
+            return None
+        op = self.text(cond.child_by_field_name("operator"))
+        bound_node = cond.child_by_field_name("right")
+        if not self.invariant(bound_node, node) or self.mentions(bound_node, var):
+            return None
+        bound = self.expr(bound_node)
+        if not bound.ctype.is_int:
+            return None
+        if self.assigns(node.child_by_field_name("body"), var):
+            return None
+        if step_sign > 0 and op in ("<", "<="):
+            stop = bound.code if op == "<" else f"{bound.code} + 1"
+            step = "" if step_code == "1" else f", {step_code}"
+        elif step_sign < 0 and op in (">", ">="):
+            stop = bound.code if op == ">" else f"{bound.code} - 1"
+            step = f", -{step_code}" if step_code.isidentifier() or step_code.isdigit() else f", -({step_code})"
+        else:
+            return None
+        nonneg = start.ctype.nonneg and step_sign > 0
+        start_code = strip_parens(start.code)
+        args = strip_parens(stop) if start_code == "0" and not step else f"{start_code}, {strip_parens(stop)}{step}"
+        return var, args, int_ctype(nonneg)
+
+    def try_evaluate(self, code: str):
+        try:
+            return self.evaluate(code, self.root, "")
+        except TranslateError:
+            return None
+
+    def break_statement(self, node: Node) -> None:
+        if not self.func.loops:
+            raise self.error(node, "break outside a loop (switch is not supported)")
+        self.emit("break", node)
+
+    def continue_statement(self, node: Node) -> None:
+        if not self.func.loops:
+            raise self.error(node, "continue outside a loop")
+        for line in self.func.loops[-1] or []:
+            self.emit(line, node)
+        self.emit("continue", node)
+
+    def return_statement(self, node: Node) -> None:
+        values = [c for c in node.named_children if c.type != "comment"]
+        ret = self.func.sig.ret
+        if not values:
+            if ret.kind != "void":
+                raise self.error(node, f"{self.func.sig.name} must return a value")
+            self.emit("return", node)
+            return
+        if ret.kind == "void":
+            raise self.error(node, "a void function returns no value")
+        value = self.expr(values[0])
+        if ret.kind in ("int", "float", "bool"):
+            value = self.convert(value, ret)
+        self.emit(f"return {strip_parens(value.code)}", node)
+
+    def static_assert(self, node: Node) -> None:
+        cond = node.child_by_field_name("condition")
+        message = node.child_by_field_name("message")
+        value = self.evaluate(self.expr(cond).code, cond, "static_assert condition")
+        if not value:
+            text = self.text(message) if message is not None else ""
+            raise self.error(node, f"static_assert failed: {text or self.text(cond)}")
+        self.emit(f"# static_assert({self.text(cond)}) holds", node)
+
+    STMT = {
+        "compound_statement": compound,
+        "declaration": declaration,
+        "expression_statement": expression_statement,
+        "if_statement": if_statement,
+        "for_statement": for_statement,
+        "while_statement": while_statement,
+        "break_statement": break_statement,
+        "continue_statement": continue_statement,
+        "return_statement": return_statement,
+        "comment": comment,
+        "static_assert_declaration": static_assert,
+    }
