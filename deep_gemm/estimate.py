@@ -7,6 +7,7 @@ nothing is run or measured. No numpy arrays, no numba.
 from __future__ import annotations
 
 import argparse
+import numbers
 import sys
 from dataclasses import dataclass
 
@@ -75,12 +76,49 @@ class GemmEstimate:
         return "\n".join(lines)
 
 
+# NOTES: the kernels index every dim as a uint32 (templates/*.asc.j2), so larger sizes are not GEMMs this library
+# (or DeepGEMM-Ascend) can run; modelling them would only mislead.
+MAX_SIZE = 2**32 - 1
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+
+
 def _check_size(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
+    """A positive int (Python or numpy integer) no larger than MAX_SIZE; ValueError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be a positive integer, got {type(value).__name__}: {name}={_short(value)}")
+    value = int(value)
     if value < 1:
         raise ValueError(f"{name}={value} must be >= 1")
+    if value > MAX_SIZE:
+        raise ValueError(f"{name}={_short(value)} exceeds {MAX_SIZE} (2^32 - 1): the kernels index it as a uint32")
     return value
+
+
+# NOTES: GM addresses are 64-bit (int64 strides and offsets): no operand can be larger than this many bytes.
+MAX_TENSOR_BYTES = 2**63 - 1
+
+
+def _check_addressable(m: int, n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str, gemm_type: str,
+                       num_groups: int) -> None:
+    """Refuse a problem whose A, B or D could not exist: more bytes than a 64-bit address space holds."""
+    groups_b = 1 if gemm_type == "normal" else num_groups
+    groups_a = num_groups if gemm_type == "batched" else 1
+    groups_d = num_groups if gemm_type in ("batched", "k_grouped_contiguous") else 1
+    sizes = {
+        "A": groups_a * m * k * DTYPE_BITS[a_dtype] // 8,
+        "B": groups_b * n * k * DTYPE_BITS[b_dtype] // 8,
+        "D": groups_d * m * n * OUT_DTYPE_BYTES[out_dtype],
+    }
+    for name, size in sizes.items():
+        if size > MAX_TENSOR_BYTES:
+            raise ValueError(
+                f"{name} of {m=} {n=} {k=} {num_groups=} ({gemm_type}) would take {size:.3g} bytes, more than a "
+                f"64-bit address space: not a physical GEMM"
+            )
 
 
 def estimate_gemm(
@@ -123,6 +161,8 @@ def estimate_gemm(
     if gemm_type == "k_grouped_contiguous" and k < num_groups:
         raise ValueError(f"k={k} must be >= num_groups={num_groups} for {gemm_type} (k is the total K)")
 
+    _check_addressable(m, n, k, a_dtype, b_dtype, out_dtype, gemm_type, num_groups)
+
     if arch is None:
         spec = runtime.get_arch_spec()
     else:
@@ -161,20 +201,22 @@ def estimate_gemm(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m deep_gemm.estimate M N K --dtype fp8``: print the modelled chip time of one GEMM."""
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrorParser(
         prog="python -m deep_gemm.estimate",
         description="Modelled Ascend chip time of D[M, N] = A[M, K] @ B[N, K]^T (a prediction, not a measurement).",
     )
-    parser.add_argument("m", type=int, help="rows of A and D (total rows for M-grouped kinds)")
-    parser.add_argument("n", type=int, help="rows of B, columns of D")
-    parser.add_argument("k", type=int, help="reduction size (total K for k_grouped_contiguous)")
+    parser.add_argument("m", type=_cli_int("M"), help="rows of A and D (total rows for M-grouped kinds)")
+    parser.add_argument("n", type=_cli_int("N"), help="rows of B, columns of D")
+    parser.add_argument("k", type=_cli_int("K"), help="reduction size (total K for k_grouped_contiguous)")
     parser.add_argument("--dtype", default="fp8", choices=DTYPES, help="A dtype (and B's unless --b-dtype)")
     parser.add_argument("--b-dtype", default=None, choices=DTYPES, help="B dtype (default: --dtype)")
     parser.add_argument("--out-dtype", default="bf16", choices=tuple(OUT_DTYPE_BYTES))
     parser.add_argument("--arch", default=None, help=f"one of {tuple(ARCHS)} (default: DG_NPU_ARCH / runtime)")
-    parser.add_argument("--cores", type=int, default=None, help="AI cores to schedule on (default: all)")
+    parser.add_argument("--cores", type=_cli_int("--cores"), default=None,
+                        help="AI cores to schedule on (default: all)")
     parser.add_argument("--gemm-type", default="normal", choices=GEMM_TYPES)
-    parser.add_argument("--groups", type=int, default=1, help="groups / batches for the grouped kinds")
+    parser.add_argument("--groups", type=_cli_int("--groups"), default=1,
+                        help="groups / batches for the grouped kinds")
     args = parser.parse_args(argv)
     try:
         est = estimate_gemm(
@@ -185,6 +227,29 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     print(est)
     return 0
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """argparse with bad input reported on one line (no usage block, no traceback), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _cli_int(name: str):
+    """argparse type: a decimal integer, the message naming the argument (no traceback for huge or odd text)."""
+
+    def parse(text: str) -> int:
+        digits = text.strip()
+        if digits.lstrip("+-").isdigit() and len(digits) > 40:
+            raise argparse.ArgumentTypeError(f"{name}={_short(text)} exceeds {MAX_SIZE} (2^32 - 1)")
+        try:
+            return int(digits, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a decimal integer, got {_short(text)}") from None
+
+    parse.__name__ = name
+    return parse
 
 
 if __name__ == "__main__":

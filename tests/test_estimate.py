@@ -4,9 +4,11 @@ promise that it never imports numba."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import deep_gemm
@@ -52,8 +54,16 @@ def test_defaults_come_from_the_runtime():
     [
         (dict(m=0), ValueError, "m=0"),
         (dict(n=-3), ValueError, "n=-3"),
-        (dict(k=1.5), TypeError, "k must be an int"),
-        (dict(m=True), TypeError, "m must be an int"),
+        (dict(k=1.5), ValueError, "k must be a positive integer, got float: k=1.5"),
+        (dict(m=True), ValueError, "m must be a positive integer, got bool"),
+        (dict(n="256"), ValueError, "n must be a positive integer, got str"),
+        (dict(k=np.float64(256.0)), ValueError, "k must be a positive integer"),
+        (dict(m=10**300), ValueError, r"m=1000.*\(301 characters\) exceeds 4294967295"),
+        (dict(k=10**4000), ValueError, r"k=1000.*\(4001 characters\) exceeds 4294967295"),
+        (dict(n=2**32), ValueError, "n=4294967296 exceeds 4294967295"),
+        (dict(m=np.int64(-2)), ValueError, "m=-2 must be >= 1"),
+        (dict(m=2**32 - 1, k=2**32 - 1), ValueError, "A of m=4294967295 .* more than a 64-bit address space"),
+        (dict(num_groups=2**20, m=2**20, gemm_type="batched", k=2**24, n=16), ValueError, "A of .*64-bit"),
         (dict(a_dtype="fp16"), ValueError, "a_dtype='fp16'.*allowed"),
         (dict(b_dtype="int8"), ValueError, "b_dtype='int8'.*allowed"),
         (dict(a_dtype="fp4", b_dtype="fp8"), ValueError, "not a supported pair"),
@@ -96,3 +106,32 @@ def test_module_runs_and_never_imports_numba():
     run = subprocess.run([sys.executable, "-m", "deep_gemm.estimate", "4096", "2112", "7168", "--dtype", "fp8",
                           "--arch", "950DT"], check=True, capture_output=True, text=True)
     assert "modelled" in run.stdout and "4096" in run.stdout
+
+
+def test_numpy_integers_are_sizes():
+    ref = estimate_gemm(256, 512, 1024, arch="950DT")
+    est = estimate_gemm(np.int64(256), np.int32(512), np.uint16(1024), arch="950DT", num_ai_cores=np.int64(32))
+    assert est == ref and type(est.m) is int
+    assert estimate_gemm(128, 256, 512, gemm_type="batched", num_groups=np.int8(3)).num_groups == 3
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["256", "256", str(10**4000)], r"K='1000.*exceeds 4294967295"),
+        (["256", "256", "1" + "0" * 5000], r"K='1000.*exceeds 4294967295"),  # beyond Python's int() digit limit
+        (["256", "256", "1e3"], "K must be a decimal integer, got '1e3'"),
+        (["-5", "256", "256"], "m=-5 must be >= 1"),
+        (["256", "256", "4294967296"], "k=4294967296 exceeds"),
+        (["256", "256", "256", "--cores", "x"], "--cores must be a decimal integer"),
+        (["256", "256", "256", "--dtype", "fp16"], "invalid choice"),
+        (["256", "256"], "required: k"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(argv, match):
+    run = subprocess.run([sys.executable, "-m", "deep_gemm.estimate", *argv], capture_output=True, text=True)
+    assert run.returncode == 2, run.stderr
+    assert run.stdout == "" and "Traceback" not in run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m deep_gemm.estimate: error: "), run.stderr
+    assert re.search(match, lines[0]), lines[0]

@@ -22,9 +22,25 @@ OPERAND_KINDS = {FP8: "fp8", PACKED_FP4: "fp4", BF16: "bf16"}
 OUT_KINDS = {BF16: "bf16", FP32: "fp32"}
 
 
+# NOTES: the templates declare the runtime dims ``uint32_t shape_m/shape_n/shape_k`` and the compiled-in ones
+# ``constexpr uint32_t SHAPE_*``, so no dim may exceed this, whichever dims ``compiled_dims`` bakes in.
+MAX_DIM = 2**32 - 1
+
+
 def require_array(x: object, name: str) -> np.ndarray:
+    """``x`` as a plain numpy.ndarray (a subclass such as np.matrix or np.memmap is viewed as its base array: same
+    memory, plain semantics); TypeError for masked arrays (their mask would be ignored) and for non-arrays."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name} is a numpy masked array ({type(x).__name__}); the kernels would ignore its mask: "
+            f"pass a plain numpy.ndarray, e.g. {name}.filled(0)"
+        )
     if not isinstance(x, np.ndarray):
-        raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}")
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}; convert it with numpy.asarray")
+    if type(x) is not np.ndarray:
+        # NOTES: np.matrix keeps 2-D-ness and redefines * and .T per its own rules; a base-class view shares the
+        # memory (writes to d still land in the caller's array) and behaves like every other operand.
+        return x.view(np.ndarray)
     return x
 
 
@@ -137,13 +153,35 @@ def check_no_alias(d: np.ndarray, **inputs: np.ndarray | None) -> None:
 
 
 def check_alpha(alpha: object) -> float:
+    """alpha as a Python float; the kernels apply it as an fp32, so it must be finite in fp32."""
     if alpha is None:
         return 1.0
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.floating, np.integer)):
         raise TypeError(f"alpha must be a float or None, got {type(alpha).__name__}: {alpha!r}")
-    if not math.isfinite(float(alpha)):
-        raise ValueError(f"alpha must be finite, got {alpha!r}")
-    return float(alpha)
+    try:
+        value = float(alpha)
+    except OverflowError:
+        raise ValueError(f"alpha is outside fp32's finite range: an int of {int(alpha).bit_length()} bits") from None
+    if not math.isfinite(value):
+        raise ValueError(f"alpha must be finite, got alpha={alpha!r}")
+    with np.errstate(over="ignore"):
+        as_fp32 = np.float32(value)
+    if not np.isfinite(as_fp32):
+        raise ValueError(
+            f"alpha={alpha!r} is outside fp32's finite range (|alpha| <= {float(np.finfo(np.float32).max)!r}): "
+            "the kernels apply alpha as an fp32"
+        )
+    return value
+
+
+def check_dims(**dims: int) -> None:
+    """Every GEMM dim must fit the uint32 the kernels index it with (whatever ``compiled_dims`` says)."""
+    for name, value in dims.items():
+        if value > MAX_DIM:
+            raise ValueError(
+                f"{name}={value} exceeds {MAX_DIM} (2^32 - 1): the kernels index {name} as a uint32, "
+                "whatever compiled_dims bakes in"
+            )
 
 
 def check_compiled_dims(compiled_dims: object) -> str:

@@ -7,17 +7,19 @@ The nn/tn/tt forms are thin wrappers that transpose into the nt form, as upstrea
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import runtime
 from ..heuristics.config import GemmConfig
-from ..utils.layout import transform_sf_into_required_layout
+from ..utils.layout import rebalance_sf_exponents, transform_sf_into_required_layout
 from .checks import (
     Operand,
     check_alpha,
     check_compiled_dims,
+    check_dims,
     check_no_alias,
     check_output,
     make_operand,
@@ -86,6 +88,7 @@ def check_fp8_fp4_problem(a, b, d, c, recipe, recipe_a, recipe_b, disable_ue8m0_
         )
     if op_a.k != op_b.k:
         raise ValueError(f"A and B disagree on K: {op_a.k=} {op_b.k=} (a.shape={a_arr.shape}, b.shape={b_arr.shape})")
+    check_dims(m=op_a.mn, n=op_b.mn, k=op_a.k)
 
     # Output and recipes
     d, c, out_kind = check_output(d, op_a.mn, op_b.mn, c)
@@ -98,6 +101,13 @@ def check_fp8_fp4_problem(a, b, d, c, recipe, recipe_a, recipe_b, disable_ue8m0_
     sfa_phys = _required_sf(sfa, op_a, gran_a, True, disable_ue8m0_cast)
     sfb_phys = _required_sf(sfb, op_b, gran_b, False, disable_ue8m0_cast)
     return Fp8Fp4Problem(op_a, op_b, sfa_phys, sfb_phys, d, c, out_kind)
+
+
+def _max_alpha_shift(alpha: float) -> int:
+    """Largest s with alpha * 2^s still a finite fp32 (alpha is applied in fp32 by the epilogue)."""
+    if alpha == 0.0:
+        return 1 << 16
+    return max(0, 127 - math.frexp(abs(alpha))[1])
 
 
 def _early_return(d: np.ndarray, c: np.ndarray | None, m: int, n: int, k: int) -> bool:
@@ -154,6 +164,11 @@ def fp8_fp4_gemm_nt(
     dims = check_compiled_dims(compiled_dims)
     op_a, op_b, d, c, m, n, k = p.op_a, p.op_b, p.d, p.c, p.m, p.n, p.k
 
+    # Scales as the chip applies them: the chip scales a block's product by 2^(ea + eb), the stand-in each operand;
+    # exponents move between A, B and alpha (exact powers of two) until every fp32 step is exact (or Inf as on chip)
+    sfa, sfb, out_shift = rebalance_sf_exponents(p.sfa, p.sfb, k, op_a.kind, op_b.kind, _max_alpha_shift(alpha_f))
+    alpha_f = math.ldexp(alpha_f, out_shift)
+
     # Early return
     if _early_return(d, c, m, n, k):
         return None
@@ -163,7 +178,7 @@ def fp8_fp4_gemm_nt(
 
     with_acc = _prepare_accumulation(d, c)
     return launch_fp8_gemm(
-        op_a.gm, op_a.major, op_a.kind, p.sfa, op_b.gm, op_b.major, op_b.kind, p.sfb,
+        op_a.gm, op_a.major, op_a.kind, sfa, op_b.gm, op_b.major, op_b.kind, sfb,
         _out_view(d, p.out_kind), m, n, k,
         with_accumulation=with_acc, alpha=alpha_f, compiled_dims=dims,
     )
@@ -207,8 +222,9 @@ def check_bf16_problem(a, b, d, c) -> tuple[Operand, Operand, np.ndarray, np.nda
     op_b = make_operand(b, "b", ("bf16",))
     if op_a.k != op_b.k:
         raise ValueError(f"A and B disagree on K: {op_a.k=} {op_b.k=} (a.shape={a.shape}, b.shape={b.shape})")
+    check_dims(m=op_a.mn, n=op_b.mn, k=op_a.k)
     d, c, out_kind = check_output(d, op_a.mn, op_b.mn, c)
-    check_no_alias(d, a=a, b=b)
+    check_no_alias(d, a=op_a.array, b=op_b.array)
     return op_a, op_b, d, c, out_kind
 
 

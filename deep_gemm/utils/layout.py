@@ -6,6 +6,7 @@ An int16 at logical [..., r, p] (physical [..., p, r]) holds the exponent byte o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -14,7 +15,7 @@ from .math import align, ceil_div
 
 __all__ = [
     "transform_sf_into_required_layout", "transform_k_grouped_sf_into_required_layout",
-    "unpack_sf_from_required_layout", "is_required_sf_layout",
+    "unpack_sf_from_required_layout", "is_required_sf_layout", "rebalance_sf_exponents",
 ]
 
 # NOTES: MX recipe: one scale per 32 K elements; two of them share an int16 (64 K elements per column).
@@ -287,3 +288,124 @@ def unpack_sf_from_required_layout(sf: np.ndarray, mn: int, k: int) -> np.ndarra
     exps[..., 0::2] = bits & 0xFF
     exps[..., 1::2] = bits >> 8
     return _UE8M0_TABLE[exps[..., :num_blocks]]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Exact power-of-two rebalancing of A and B exponents (how the stand-in applies MX scales as the chip does)
+
+# NOTES: the largest UE8M0 byte e for which every code of the operand's dtype times 2^(e - 127) is a finite fp32:
+# FP8 e4m3 peaks at 448 = 1.75 * 2^8 (1.75 * 2^(e - 119) finite for e <= 246), FP4 e2m1 at 6 = 1.5 * 2^2
+# (e <= 252). Every byte >= 0 keeps the product exact on the low side: FP8 codes are multiples of 2^-9 and FP4
+# codes of 2^-1, so the scaled value's lowest bit stays >= 2^-136 > 2^-149 (exact even when subnormal).
+_MAX_EXACT_BYTE = {"fp8": 246, "fp4": 252}
+# NOTES: the smallest byte for which every nonzero code scales to a normal fp32 (2^-9 * 2^(e - 127) >= 2^-126;
+# 0.5 * 2^(e - 127) >= 2^-126): preferred when a shift is needed anyway, since subnormal operands are slow on CPUs.
+_MIN_NORMAL_BYTE = {"fp8": 10, "fp4": 2}
+_NAN_BYTE = 255
+# NOTES: largest code magnitude (448, 6) and the exponent of the lowest bit a nonzero code can have (2^-9, 2^-1).
+_MAX_CODE = {"fp8": 448.0, "fp4": 6.0}
+_LOW_BIT = {"fp8": -9, "fp4": -1}
+
+
+def _block_exponents(sf_phys: np.ndarray, num_blocks: int) -> np.ndarray:
+    """int16 [num_blocks, MN]: the UE8M0 byte of every (32-K block, row) of C-contiguous int16 [ceil(K/64), MN]."""
+    num_pairs, mn = sf_phys.shape
+    pairs = sf_phys.view(np.uint8).reshape(num_pairs, mn, 2)  # little-endian: [..., 0] is block 2p, [..., 1] 2p + 1
+    return np.swapaxes(pairs, 1, 2).reshape(2 * num_pairs, mn)[:num_blocks].astype(np.int16)
+
+
+def _pack_block_exponents(exps: np.ndarray, num_pairs: int) -> np.ndarray:
+    """Inverse of _block_exponents: int16 [num_blocks, MN] bytes -> C-contiguous int16 [num_pairs, MN]."""
+    full = np.zeros((2 * num_pairs, exps.shape[1]), dtype=np.uint16)
+    full[: exps.shape[0]] = exps
+    return (full[0::2] | (full[1::2] << 8)).view(np.int16)
+
+
+def _exponent_span(exps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per block (row of ``exps``): the lowest and highest byte, ignoring the E8M0 NaN byte 255 (a block of only
+    NaN bytes gets lo = 255, hi = -1: no constraint)."""
+    is_nan = exps == _NAN_BYTE
+    return np.where(is_nan, _NAN_BYTE, exps).min(axis=1), np.where(is_nan, -1, exps).max(axis=1)
+
+
+def rebalance_sf_exponents(
+    sfa: np.ndarray, sfb: np.ndarray, k: int, kind_a: str, kind_b: str, max_out_shift: int = 127
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Move exponents between A, B (per 32-K block) and the output scale so the stand-in's fp32 math is exact.
+
+    sfa / sfb: C-contiguous int16 [ceil(k/64), M] / [ceil(k/64), N], the kernels' scale layout. kind_a / kind_b:
+    "fp8" or "fp4". Returns (sfa, sfb, out_shift): the caller multiplies alpha by 2^out_shift (at most
+    ``max_out_shift``, what keeps alpha finite in fp32).
+
+    The chip scales a block's product by 2^(ea + eb - 254); the stand-in multiplies each operand by its own scale,
+    then sums in fp32 FMAs, so an operand scaled past fp32 (FP8 x 2^127) turned into Inf even when its products are
+    small, and a sum that overflowed kept the sign of the first product to overflow. Here:
+    - per K block kb, c_kb is added to every A byte and subtracted from every B byte: products stay bit-identical
+      while every scaled operand value stays an exact, finite fp32 (normal when possible);
+    - when the sum could overflow fp32, s = out_shift is taken off every B byte and put on alpha: the fp32 sum is
+      the same up to the exact factor 2^-s and the epilogue's alpha * acc overflows to +-Inf with the sum's sign.
+    Ordinary scales need neither: the very arrays passed in are returned with out_shift 0 (bitwise the same D).
+    NaN bytes (255) are left as they are. Raises ValueError naming the K block and rows when no exact split exists:
+    the bytes of one K-block column of sfa or sfb span too wide a range, or the sum can overflow while other
+    blocks' products are so small that a shift of the output would lose them.
+    """
+    num_blocks = ceil_div(k, _SF_BLOCK_K)
+    if num_blocks == 0 or sfa.shape[1] == 0 or sfb.shape[1] == 0:
+        return sfa, sfb, 0
+    ha, hb = _MAX_EXACT_BYTE[kind_a], _MAX_EXACT_BYTE[kind_b]
+    ea, eb = _block_exponents(sfa, num_blocks), _block_exponents(sfb, num_blocks)
+    lo_a, hi_a = _exponent_span(ea)
+    lo_b, hi_b = _exponent_span(eb)
+    live = (hi_a >= 0) & (hi_b >= 0)  # blocks with a non-NaN scale on both sides
+    if not live.any():
+        return sfa, sfb, 0
+
+    # Output shift: needed when |sum| could reach 2^127 (sum of k products of the largest codes)
+    top = int((hi_a + hi_b)[live].max()) - 2 * 127
+    log2_bound = top + math.log2(_MAX_CODE[kind_a] * _MAX_CODE[kind_b] * num_blocks * _SF_BLOCK_K)
+    shift = max(0, math.ceil(log2_bound) - 126)
+    if shift and shift > max_out_shift:
+        raise ValueError(
+            f"sfa/sfb: scales up to 2^{int(hi_a.max()) - 127} x 2^{int(hi_b.max()) - 127} give sums up to "
+            f"2^{log2_bound:.1f}, beyond what the stand-in can carry through its fp32 accumulator and alpha "
+            f"(at most 2^{max_out_shift + 126}): lower the scales (or alpha)"
+        )
+    if shift:
+        # NOTES: the lowest bit of any product must stay >= 2^-149 after the shift, or the fp32 sum would differ.
+        low = int((lo_a + lo_b)[live].min()) - 2 * 127 + _LOW_BIT[kind_a] + _LOW_BIT[kind_b]
+        if low - shift < -149:
+            kb = int(np.flatnonzero(live & (lo_a + lo_b == (lo_a + lo_b)[live].min()))[0])
+            raise ValueError(
+                f"sfa/sfb: sums may overflow fp32 (scales up to 2^{int(hi_a.max()) - 127} x "
+                f"2^{int(hi_b.max()) - 127}) while K block {kb} has scales as small as 2^{int(lo_a[kb]) - 127} x "
+                f"2^{int(lo_b[kb]) - 127}: the stand-in's single fp32 accumulator cannot hold both exactly; "
+                "narrow the range of the scales"
+            )
+
+    # Feasible shifts per block: A bytes in [0, ha] after +c, B bytes in [0, hb] after -c - shift
+    lower = np.maximum(-lo_a, hi_b - shift - hb)
+    upper = np.minimum(ha - hi_a, lo_b - shift)
+    bad = np.flatnonzero(live & (lower > upper))
+    if bad.size:
+        kb = int(bad[0])
+        row_a = int(np.argmax(np.where(ea[kb] == _NAN_BYTE, -1, ea[kb])))
+        row_b = int(np.argmax(np.where(eb[kb] == _NAN_BYTE, -1, eb[kb])))
+        raise ValueError(
+            f"sfa/sfb: the scales of K block {kb} (K {kb * _SF_BLOCK_K}..{(kb + 1) * _SF_BLOCK_K - 1}) cannot be "
+            f"applied exactly: sfa[:, {kb}] spans 2^{int(lo_a[kb]) - 127}..2^{int(hi_a[kb]) - 127} (max at "
+            f"sfa[{row_a}, {kb}]), sfb[:, {kb}] spans 2^{int(lo_b[kb]) - 127}..2^{int(hi_b[kb]) - 127} (max at "
+            f"sfb[{row_b}, {kb}]); the stand-in needs one power-of-two split c with every {kind_a} A value x "
+            f"2^(ea + c) and every {kind_b} B value x 2^(eb - c) exact and finite in fp32 (exponents within "
+            f"[-127, {ha - 127}] and [-127, {hb - 127}]): narrow the exponent range within this K block"
+        )
+    # Prefer c = 0, then shifts that keep every nonzero operand value normal, then any exact shift
+    norm_lower = np.maximum(lower, _MIN_NORMAL_BYTE[kind_a] - lo_a)
+    norm_upper = np.minimum(upper, lo_b - shift - _MIN_NORMAL_BYTE[kind_b])
+    c = np.where(norm_lower <= norm_upper, np.clip(0, norm_lower, np.maximum(norm_lower, norm_upper)),
+                 np.clip(0, lower, np.maximum(lower, upper)))
+    c = np.where(((lower <= 0) & (upper >= 0)) | ~live, 0, c).astype(np.int16)
+    if not c.any() and not shift:
+        return sfa, sfb, 0
+    ea = np.where(ea == _NAN_BYTE, ea, ea + c[:, None])
+    eb = np.where(eb == _NAN_BYTE, eb, eb - c[:, None] - shift)
+    return _pack_block_exponents(ea, sfa.shape[0]), _pack_block_exponents(eb, sfb.shape[0]), shift
