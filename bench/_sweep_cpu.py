@@ -69,6 +69,18 @@ def mem_available_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def mem_total_bytes() -> int:
+    """Physical memory: MemTotal from /proc/meminfo (Linux), else all physical pages; bytes."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def shape_memory_bytes(dtype: str, m: int, n: int, k: int) -> int:
     """Peak bytes one CPU-mode shape needs: A, B (and fp32 scales), D, the baseline's fp32 copies of A and B, its
     fp32 product and the product's bf16 cast, plus chunk temporaries and 10 % for the stand-in's own buffers."""

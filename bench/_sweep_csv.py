@@ -1,10 +1,11 @@
-"""The sweep's results.csv: the one schema every mode writes (documented in sweep.py), an append-and-flush writer,
+"""The sweep's results.csv: the one schema every mode writes (documented in sweep.py), a whole-rows-only writer,
 and a reader that resumes from (or summarizes) a file, keeping the last row per key.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from collections.abc import Iterable
@@ -54,27 +55,60 @@ def config_to_str(config: object) -> str:
     return " ".join(f"{key}={value}" for key, value in fields.items())
 
 
+class ResultsWriteError(RuntimeError):
+    """A row (or the header) could not be written; the file is as it was before that write (no partial line)."""
+
+
+def csv_line(cells: Iterable[object]) -> str:
+    """One CSV record, newline included, exactly as csv.writer writes it."""
+    buf = io.StringIO()
+    csv.writer(buf).writerow(cells)
+    return buf.getvalue()
+
+
 class ResultsWriter:
-    """Appends rows to results.csv, one flush per row so an interrupted sweep loses nothing written so far.
+    """Appends rows to results.csv, each one whole or not at all, so an interrupted or failed sweep keeps every
+    finished row and never leaves a partial last line.
 
     ``fresh=True`` starts a new file (an existing one is renamed to results.csv.bak first); otherwise rows are
-    appended to the existing file, whose header must be this schema's.
+    appended to the existing file, whose header must be this schema's. Each row is one write of its complete line,
+    then fsync; a failed write (a full disk, an I/O error) truncates the file back to its size before that row and
+    raises ResultsWriteError. ``rows_written`` counts the rows this writer finished.
     """
 
     def __init__(self, path: str | Path, *, fresh: bool) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if fresh and self.path.exists():
-            os.replace(self.path, self.path.with_name(self.path.name + ".bak"))
-        needs_header = not self.path.exists() or self.path.stat().st_size == 0
-        if not needs_header:
-            check_header(self.path)
-            _ensure_trailing_newline(self.path)
-        self._file = open(self.path, "a", newline="")  # noqa: SIM115 (closed in close())
-        self._writer = csv.writer(self._file)
+        self.rows_written = 0
+        self._fd: int | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if fresh and self.path.exists():
+                os.replace(self.path, self.path.with_name(self.path.name + ".bak"))
+            needs_header = not self.path.exists() or self.path.stat().st_size == 0
+            if not needs_header:
+                check_header(self.path)
+                _ensure_trailing_newline(self.path)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ResultsWriteError(f"cannot open {self.path} for writing: {e.strerror or e}") from None
         if needs_header:
-            self._writer.writerow(COLUMNS)
-            self._file.flush()
+            self._append(csv_line(COLUMNS), "the header")
+
+    def _append(self, line: str, what: str) -> None:
+        data = memoryview(line.encode())
+        start = os.fstat(self._fd).st_size
+        try:
+            while data:
+                data = data[os.write(self._fd, data):]
+            os.fsync(self._fd)
+        except OSError as e:
+            # NOTES: a short write (full disk) may have landed part of the line; cut it off so the file ends with
+            # the last complete row, as a resumed sweep expects.
+            try:
+                os.ftruncate(self._fd, start)
+            except OSError:
+                pass
+            raise ResultsWriteError(f"could not write {what} to {self.path}: {e.strerror or e}") from None
 
     def write(self, row: dict) -> None:
         unknown = set(row) - set(COLUMNS)
@@ -82,11 +116,14 @@ class ResultsWriter:
             raise ValueError(f"row has columns outside the schema: {sorted(unknown)}")
         if row.get("status") not in STATUSES:
             raise ValueError(f"row status={row.get('status')!r} must be one of {STATUSES}")
-        self._writer.writerow([format_value(row.get(c)) for c in COLUMNS])
-        self._file.flush()
+        what = f"the row of {row.get('mode')} {row.get('dtype')} {row.get('m')}x{row.get('n')}x{row.get('k')}"
+        self._append(csv_line(format_value(row.get(c)) for c in COLUMNS), what)
+        self.rows_written += 1
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> ResultsWriter:
         return self

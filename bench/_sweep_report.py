@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from pathlib import Path
 
@@ -116,7 +117,15 @@ def summarize(rows: list[dict], *, machine: dict, run: dict) -> dict:
 
 
 def write_summary(summary: dict, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
+    """Write summary.json whole or not at all (a temporary file renamed over it; removed if the write fails)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _fmt(value: float | None, spec: str = ".3f") -> str:

@@ -78,45 +78,85 @@ def quick_shapes() -> list[Shape]:
     return list(QUICK_SHAPES)
 
 
+# NOTES: the kernels index every dim as a uint32 (templates/*.asc.j2; deep_gemm.api refuses larger dims too).
+MAX_DIM = 2**32 - 1
+
+
 def load_shapes(path: str | Path) -> list[Shape]:
-    """Read shapes from a file: CSV with an m,n,k header (any case; other columns ignored), or lines of three
-    integers "M N K" separated by spaces, tabs or commas. Blank lines and lines starting with # are skipped.
-    Duplicates are dropped (first occurrence kept). Raises ValueError naming the file and line on bad input."""
+    """Read shapes from a file: CSV (or whitespace-separated) with an m,n,k header (any case; other columns
+    ignored), or lines of three
+    integers "M N K" separated by spaces, tabs or commas. Blank lines and lines starting with # are skipped; a UTF-8
+    byte-order mark is ignored. Duplicates are dropped (first occurrence kept). Raises ValueError (one line, naming
+    the file, and the line number and text for bad data) for a missing, unreadable or non-text file, a header
+    without m, n, k, or a data line that is not three integers in [1, 2^32 - 1]."""
     path = Path(path)
-    text = path.read_text()
+    text = _read_text(path)
     lines = [(i + 1, line.strip()) for i, line in enumerate(text.splitlines())]
     lines = [(no, line) for no, line in lines if line and not line.startswith("#")]
     shapes: list[Shape] = []
-    if lines and not _all_ints(lines[0][1]):
-        # A CSV with a header row.
-        reader = csv.DictReader(line for _, line in lines)
-        fields = {f.strip().lower(): f for f in (reader.fieldnames or [])}
-        if not {"m", "n", "k"} <= set(fields):
-            raise ValueError(f"{path}: header {reader.fieldnames!r} lacks m, n, k columns")
-        for row_no, row in zip((no for no, _ in lines[1:]), reader, strict=False):
-            shapes.append(_parse_shape([row[fields[c]] for c in "mnk"], path, row_no))
+    columns = _header_columns(lines[0][1], path, lines[0][0]) if lines else None
+    if columns is not None:
+        width = max(columns) + 1
+        for no, line in lines[1:]:
+            cells = next(csv.reader([line])) if "," in line else line.split()
+            if len(cells) < width:
+                raise ValueError(f"{path}:{no}: expected {width} cells (m, n, k at columns "
+                                 f"{[c + 1 for c in columns]}), got {len(cells)}: {line!r}")
+            shapes.append(_parse_shape([cells[c] for c in columns], path, no, line))
     else:
         for no, line in lines:
-            shapes.append(_parse_shape(line.replace(",", " ").split(), path, no))
+            shapes.append(_parse_shape(line.replace(",", " ").split(), path, no, line))
     if not shapes:
         raise ValueError(f"{path}: no shapes found")
     return list(dict.fromkeys(shapes))
 
 
-def _all_ints(line: str) -> bool:
-    """True for a data line ("32 32 64"), False for a header ("M,N,K" or "name,m,n,k")."""
-    return all(p.lstrip("+-").isdigit() for p in line.replace(",", " ").split())
-
-
-def _parse_shape(parts: list[str], path: Path, line_no: int) -> Shape:
-    if len(parts) != 3:
-        raise ValueError(f"{path}:{line_no}: expected 3 integers M N K, got {parts!r}")
+def _read_text(path: Path) -> str:
     try:
-        m, n, k = (int(str(p).strip()) for p in parts)
-    except ValueError as e:
-        raise ValueError(f"{path}:{line_no}: not integers: {parts!r}") from e
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such shapes file") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a directory, not a shapes file") from None
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the shapes file: {e.strerror or e}") from None
+    try:
+        return raw.decode("utf-8-sig")  # NOTES: "-sig" drops the byte-order mark spreadsheet exports put first
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
+
+
+def _is_int(cell: str) -> bool:
+    return cell.strip().lstrip("+-").isdigit()
+
+
+def _header_columns(line: str, path: Path, line_no: int) -> tuple[int, int, int] | None:
+    """The (m, n, k) column indices if ``line`` is a CSV header, None if it is a data line. A header has no
+    integer cell; a line mixing integers and other text is bad data (reported by the data parser, with its line)."""
+    cells = next(csv.reader([line])) if "," in line else line.split()
+    if any(_is_int(c) for c in cells):
+        return None
+    names = [c.strip().lower() for c in cells]
+    if not {"m", "n", "k"} <= set(names):
+        raise ValueError(f"{path}:{line_no}: header {cells!r} lacks m, n, k columns")
+    return names.index("m"), names.index("n"), names.index("k")
+
+
+def _parse_shape(parts: list[str], path: Path, line_no: int, line: str) -> Shape:
+    if len(parts) != 3:
+        raise ValueError(f"{path}:{line_no}: expected 3 integers M N K, got {len(parts)} fields: {line!r}")
+    if not all(_is_int(p) for p in parts):
+        raise ValueError(f"{path}:{line_no}: not integers: {line!r}")
+    if any(len(p.strip().lstrip("+-")) > 20 for p in parts):
+        raise ValueError(f"{path}:{line_no}: a dim exceeds {MAX_DIM} (2^32 - 1), the largest dim the kernels index: "
+                         f"{line[:60]!r}{'...' if len(line) > 60 else ''}")
+    m, n, k = (int(str(p).strip()) for p in parts)
     if min(m, n, k) < 1:
-        raise ValueError(f"{path}:{line_no}: dims must be >= 1, got {m=} {n=} {k=}")
+        raise ValueError(f"{path}:{line_no}: dims must be >= 1, got {m=} {n=} {k=}: {line!r}")
+    for name, value in (("m", m), ("n", n), ("k", k)):
+        if value > MAX_DIM:
+            raise ValueError(f"{path}:{line_no}: {name}={value} exceeds {MAX_DIM} (2^32 - 1), the largest dim the "
+                             f"kernels index: {line!r}")
     return (m, n, k)
 
 

@@ -38,7 +38,9 @@ results.csv schema (one row per (mode, dtype, m, n, k); the same columns for eve
 
 Resume: ``--resume`` appends to DIR/results.csv and skips keys whose last row is ok or skipped; failed rows are
 retried, and the newest row of a key is the one that counts. Without it an existing results.csv is moved to
-results.csv.bak. Ctrl-C keeps every finished row (each is flushed) and still writes the summary.
+results.csv.bak. Ctrl-C keeps every finished row (each is written whole and fsynced) and still writes the summary.
+A failed write (a full disk) leaves results.csv ending with the last finished row, prints where the sweep stopped
+and the summary of the rows so far, and exits with status 1; bad arguments and paths are one-line errors.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import shapes as shapes_mod  # noqa: E402
 from _sweep_csv import (  # noqa: E402
+    ResultsWriteError,
     ResultsWriter,
     config_to_str,
     describe_error,
@@ -73,8 +76,15 @@ MEM_FRACTION = 0.85
 CEILING_SIZES = (1024, 2048, 3072, 4096)
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """argparse with bad arguments reported on one line (no usage block, no traceback), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p = _OneLineErrorParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--mode", choices=("model", "cpu", "both"), default="model",
                    help="model (default): predict for the NPU, seconds; cpu: run deep_gemm here (hours for all shapes)")
     p.add_argument("--dtype", choices=("bf16", "fp8", "both"), default="both", help="operand dtype (default both)")
@@ -117,7 +127,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and not value > 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    if args.shapes is not None:
+        if not args.shapes.exists():
+            parser.error(f"--shapes {args.shapes}: no such file")
+        if args.shapes.is_dir():
+            parser.error(f"--shapes {args.shapes}: is a directory, not a shapes file")
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {args.out}: is a file, not a directory (results.csv, summary.json and plots go inside)")
     return args
+
+
+def check_fits_machine(shapes: list[shapes_mod.Shape], dtypes: tuple[str, ...], source: str) -> None:
+    """Refuse, before any work, a shape of a --shapes file that could never run on this machine in cpu mode: its
+    operands, output and baseline need more than the machine's physical memory (MemTotal)."""
+    from _sweep_cpu import mem_total_bytes, shape_memory_bytes
+
+    total = mem_total_bytes()
+    for m, n, k in shapes:
+        for dtype in dtypes:
+            need = shape_memory_bytes(dtype, m, n, k)
+            if need > total:
+                raise ValueError(f"{source}: shape {m} {n} {k} ({dtype}) needs {need / 2**30:.3g} GiB, more than this "
+                                 f"machine's {total / 2**30:.1f} GiB of memory: it can never run in cpu mode")
 
 
 def select_shapes(args: argparse.Namespace) -> list[shapes_mod.Shape]:
@@ -282,8 +313,9 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
     shapes = select_shapes(args)
     dtypes = DTYPES if args.dtype == "both" else (args.dtype,)
     modes = MODES if args.mode == "both" else (args.mode,)
+    if "cpu" in modes and args.shapes is not None:
+        check_fits_machine(shapes, dtypes, str(args.shapes))
     out_dir: Path = args.out
-    out_dir.mkdir(parents=True, exist_ok=True)
     results = out_dir / "results.csv"
 
     # Fail before any work if a requested mode cannot run.
@@ -299,14 +331,21 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
         runner = DeepGemmRunner(args.arch, args.num_ai_cores, args.workers, not args.no_precompile)
         runner.check_available()
 
-    existing = read_results(results) if args.resume else []
+    try:
+        existing = read_results(results) if args.resume else []
+    except OSError as e:
+        raise ValueError(f"cannot read {results} to resume: {e.strerror or e}") from None
     done = done_keys(existing)
     machine: dict = {"chip": [], "cpu": None}
     started = time.time()
     interrupted = False
+    stopped = None
     print(f"sweep: {len(shapes)} shapes x {list(dtypes)} x {list(modes)} -> {results}"
           + (f" (resuming: {len(done)} rows done)" if args.resume else ""), file=sys.stderr, flush=True)
-    writer = ResultsWriter(results, fresh=not args.resume)
+    try:
+        writer = ResultsWriter(results, fresh=not args.resume)
+    except ResultsWriteError as e:
+        raise ValueError(f"--out {out_dir}: {e}") from None
     try:
         if "model" in modes:
             run_model(args, shapes, dtypes, writer, existing, done, machine, estimator=estimator)
@@ -316,6 +355,10 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
     except KeyboardInterrupt:
         interrupted = True
         print(f"\ninterrupted: finished rows are in {results}; rerun with --resume to continue", file=sys.stderr)
+    except ResultsWriteError as e:
+        # NOTES: the writer left the file ending with the last complete row; say where the sweep stopped.
+        stopped = (f"stopped after {writer.rows_written} new rows: {e}; every finished row is intact in {results}: "
+                   "free space and rerun with --resume to continue")
     finally:
         writer.close()
 
@@ -328,27 +371,37 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
         "selected_rows": sum(row_key(r) in selected for r in rows),
         "cpu_count": os.cpu_count(),
     }
+    if stopped:
+        run_info["stopped"] = stopped
     summary = summarize(rows, machine=machine, run=run_info)
-    write_summary(summary, out_dir / "summary.json")
-    if not args.no_plots:
+    if not args.no_plots and not stopped:
         try:
             plots = write_plots(rows, out_dir)
             summary["plots"] = [str(p) for p in plots]
         except Exception as e:  # noqa: BLE001 (plots are a convenience; the CSV and summary are written)
             summary["plots_error"] = describe_error(e)
+    summary_error = None
+    try:
         write_summary(summary, out_dir / "summary.json")
+    except OSError as e:
+        summary_error = f"could not write {out_dir / 'summary.json'}: {e.strerror or e} (the summary is printed above)"
     print(format_summary(summary))
-    print(f"\nwrote {results} ({len(rows)} rows), {out_dir / 'summary.json'}"
-          + "".join(f", {p}" for p in summary.get("plots", [])) + f" in {run_info['seconds']:.1f} s")
+    if summary_error is None:
+        print(f"\nwrote {results} ({len(rows)} rows), {out_dir / 'summary.json'}"
+              + "".join(f", {p}" for p in summary.get("plots", [])) + f" in {run_info['seconds']:.1f} s")
     if interrupted:
+        if summary_error:
+            print(summary_error, file=sys.stderr)
         raise SystemExit(130)
+    if stopped or summary_error:
+        raise SystemExit("sweep: " + "; ".join(x for x in (stopped, summary_error) if x))
     return summary
 
 
 def main() -> None:
     try:
         run()
-    except (ValueError, RuntimeError) as e:
+    except (ValueError, RuntimeError, OSError) as e:
         raise SystemExit(f"sweep: {e}") from None
 
 
