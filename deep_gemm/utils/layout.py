@@ -360,6 +360,18 @@ def rebalance_sf_exponents(
     if not live.any():
         return sfa, sfb, 0
 
+    # One K-block column of sfa (or sfb) spanning more than its dtype allows: no split can help
+    for name, kind, exps, lo, hi, limit in (("sfa", kind_a, ea, lo_a, hi_a, ha), ("sfb", kind_b, eb, lo_b, hi_b, hb)):
+        wide = np.flatnonzero((hi - lo > limit) & live)
+        if wide.size:
+            kb = int(wide[0])
+            row = int(np.argmax(np.where(exps[kb] == _NAN_BYTE, -1, exps[kb])))
+            raise ValueError(
+                f"{name}: the scales of K block {kb} (K {kb * _SF_BLOCK_K}..{(kb + 1) * _SF_BLOCK_K - 1}) span "
+                f"2^{int(lo[kb]) - 127}..2^{int(hi[kb]) - 127} (max at {name}[{row}, {kb}]), wider than the 2^{limit} "
+                f"the stand-in can apply exactly to {kind} values in fp32: narrow the exponent range within this block"
+            )
+
     # Output shift: needed when |sum| could reach 2^127 (sum of k products of the largest codes)
     top = int((hi_a + hi_b)[live].max()) - 2 * 127
     log2_bound = top + math.log2(_MAX_CODE[kind_a] * _MAX_CODE[kind_b] * num_blocks * _SF_BLOCK_K)
