@@ -340,12 +340,12 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
     started = time.time()
     interrupted = False
     stopped = None
-    print(f"sweep: {len(shapes)} shapes x {list(dtypes)} x {list(modes)} -> {results}"
-          + (f" (resuming: {len(done)} rows done)" if args.resume else ""), file=sys.stderr, flush=True)
     try:
         writer = ResultsWriter(results, fresh=not args.resume)
     except ResultsWriteError as e:
         raise ValueError(f"--out {out_dir}: {e}") from None
+    print(f"sweep: {len(shapes)} shapes x {list(dtypes)} x {list(modes)} -> {results}"
+          + (f" (resuming: {len(done)} rows done)" if args.resume else ""), file=sys.stderr, flush=True)
     try:
         if "model" in modes:
             run_model(args, shapes, dtypes, writer, existing, done, machine, estimator=estimator)
