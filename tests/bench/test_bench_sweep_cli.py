@@ -88,7 +88,7 @@ def test_bom_and_whitespace_headers_are_accepted(tmp_path):
 def test_not_utf8_is_an_error(tmp_path):
     path = tmp_path / "latin1.txt"
     path.write_bytes(b"m,n,k\n32,32,64 \xe9\n")
-    with pytest.raises(ValueError, match=r"latin1.txt: not UTF-8 text \(byte 18"):
+    with pytest.raises(ValueError, match=r"latin1.txt: not UTF-8 text \(byte 15"):
         shapes.load_shapes(path)
 
 
