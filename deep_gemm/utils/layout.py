@@ -353,6 +353,13 @@ def rebalance_sf_exponents(
     if num_blocks == 0 or sfa.shape[1] == 0 or sfb.shape[1] == 0:
         return sfa, sfb, 0
     ha, hb = _MAX_EXACT_BYTE[kind_a], _MAX_EXACT_BYTE[kind_b]
+    code_bound = math.log2(_MAX_CODE[kind_a] * _MAX_CODE[kind_b] * num_blocks * _SF_BLOCK_K)
+    # Fast path (ordinary scales, one pass over the bytes): no byte past its limit (so no NaN byte either) and
+    # even the largest pair of bytes cannot make a sum reach 2^126
+    max_a, max_b = int(sfa.view(np.uint8).max()), int(sfb.view(np.uint8).max())
+    if max_a <= ha and max_b <= hb and max_a + max_b - 2 * 127 + code_bound < 126:
+        return sfa, sfb, 0
+
     ea, eb = _block_exponents(sfa, num_blocks), _block_exponents(sfb, num_blocks)
     lo_a, hi_a = _exponent_span(ea)
     lo_b, hi_b = _exponent_span(eb)
@@ -372,9 +379,8 @@ def rebalance_sf_exponents(
                 f"the stand-in can apply exactly to {kind} values in fp32: narrow the exponent range within this block"
             )
 
-    # Output shift: needed when |sum| could reach 2^127 (sum of k products of the largest codes)
-    top = int((hi_a + hi_b)[live].max()) - 2 * 127
-    log2_bound = top + math.log2(_MAX_CODE[kind_a] * _MAX_CODE[kind_b] * num_blocks * _SF_BLOCK_K)
+    # Output shift: needed when |sum| could reach 2^126 (sum of k products of the largest codes)
+    log2_bound = int((hi_a + hi_b)[live].max()) - 2 * 127 + code_bound
     shift = max(0, math.ceil(log2_bound) - 126)
     if shift and shift > max_out_shift:
         raise ValueError(
