@@ -119,6 +119,24 @@ def test_overflow_is_inf_with_the_exact_sums_sign(rng):
     assert np.array_equal(got, np.where(exact == 0, 0.0, np.copysign(np.inf, exact)))
 
 
+def test_overflow_with_c_and_alpha_is_nan_only_for_inf_minus_inf(rng):
+    # fp32 D with C (the kernel of test_gemm.py's accumulate test): D = C + alpha * acc in fp32, so an overflowing
+    # product meets C's infinities as on the chip: Inf - Inf = NaN, Inf + finite = Inf.
+    m, n, k = 17, 72, 96
+    (a, va), (b, vb) = _codes(rng, "fp8", m, k), _codes(rng, "fp8", n, k)
+    exps_a, exps_b = np.full((m, 3), 100), np.full((n, 3), 100)
+    c = rng.standard_normal((m, n)).astype(np.float32)
+    c[::3] = np.inf
+    c[1::3] = -np.inf
+    d = np.zeros((m, n), np.float32)
+    deep_gemm.fp8_gemm_nt((a, _sf(exps_a)), (b, _sf(exps_b)), d, c=c, alpha=-0.75)
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = (-0.75 * _exact(va, exps_a, vb, exps_b)).astype(np.float32)  # +-Inf (or 0 for a zero sum)
+        expected = c + scaled
+    assert np.isnan(expected).any() and np.isinf(expected).any()
+    assert np.array_equal(d, expected, equal_nan=True)
+
+
 def test_partly_overflowing_results(rng):
     # Scales putting the median |sum| at 2^128: about half the outputs overflow, the rest stay exact-close.
     m, n, k = 17, 72, 96
