@@ -35,12 +35,32 @@ _export(
     "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt",
 )
 
+# Grouped GEMMs for mixture-of-experts (FP8/FP4, then BF16; CUDA DeepGEMM's legacy masked names last)
+_export(
+    ".api.grouped",
+    "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous",
+    "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nn_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_masked", "m_grouped_fp8_gemm_nt_masked",
+    "k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_masked",
+    "k_grouped_bf16_gemm_tn_contiguous",
+    "fp8_m_grouped_gemm_nt_masked", "bf16_m_grouped_gemm_nt_masked",
+)
+
+# Einsum and batched GEMMs
+_export(".api.einsum", "einsum", "fp8_einsum", "fp8_bmm", "bf16_bmm")
+
 # Reference GEMMs (numpy), the cross-check DeepGEMM-Ascend runs against ACLNN
 _export(
     ".api.reference",
     "aclnn_fp8_fp4_gemm_nt", "aclnn_fp8_fp4_gemm_nn", "aclnn_fp8_fp4_gemm_tn", "aclnn_fp8_fp4_gemm_tt",
     "aclnn_bf16_gemm_nt", "aclnn_bf16_gemm_nn", "aclnn_bf16_gemm_tn", "aclnn_bf16_gemm_tt",
     "cublaslt_gemm_nt", "cublaslt_gemm_nn", "cublaslt_gemm_tn", "cublaslt_gemm_tt",
+    "aclnn_m_grouped_fp8_fp4_gemm_nt_contiguous", "aclnn_m_grouped_fp8_fp4_gemm_nn_contiguous",
+    "aclnn_m_grouped_fp8_fp4_gemm_nt_masked", "aclnn_k_grouped_fp8_gemm_tn_contiguous",
+    "aclnn_m_grouped_bf16_gemm_nt_contiguous", "aclnn_m_grouped_bf16_gemm_nn_contiguous",
+    "aclnn_m_grouped_bf16_gemm_nt_masked", "aclnn_k_grouped_bf16_gemm_tn_contiguous",
+    "aclnn_fp8_bmm", "aclnn_bf16_bmm", "aclnn_einsum", "aclnn_fp8_einsum",
 )
 
 # Layout

@@ -29,7 +29,13 @@ from .copy import (  # noqa: E402
 )
 from .cube import l0a_size, l0b_size, load_l0a, load_l0b, mmad  # noqa: E402
 from .fixpipe import Fixpipe, bf16_bits_to_f32, f32_to_bf16_bits  # noqa: E402
-from .scheduler import get_swizzled_block, tile_order  # noqa: E402
+from .scheduler import (  # noqa: E402
+    get_grouped_block,
+    get_grouped_num_tiles,
+    get_swizzled_block,
+    grouped_tile_order,
+    tile_order,
+)
 from .sync import NUM_EVENT_IDS, PipeBarrier, SetFlag, WaitFlag  # noqa: E402
 from .tensor import slot_view, tile_view  # noqa: E402
 
@@ -44,7 +50,7 @@ __all__ = [
     # Pipe synchronisation
     "SetFlag", "WaitFlag", "PipeBarrier",
     # Scheduler
-    "get_swizzled_block",
+    "get_swizzled_block", "get_grouped_num_tiles", "get_grouped_block",
     # LocalTensor views
     "slot_view", "tile_view",
 ]

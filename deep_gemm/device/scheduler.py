@@ -95,3 +95,89 @@ def tile_order(num_m_blocks: int, num_n_blocks: int, group_m: int = 4, num_cores
     out = np.empty((num_m_blocks * num_n_blocks, 2), np.int64)
     _tile_order(num_m_blocks, num_n_blocks, group_m, num_cores, out)
     return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# M-grouped schedule (contiguous, masked and batched kinds)
+
+
+@njit(cache=True)
+def grouped_rows(group_rows, g, max_rows):
+    """Rows group ``g`` really owns: group_rows[g] clamped to [0, max_rows] (a masked_m above max_m or below 0, even
+    one changed on the device after the host checked it, can never make the kernel touch another group's rows)."""
+    rows = group_rows[g]
+    if rows < 0:
+        return 0
+    return min(rows, max_rows)
+
+
+@njit(cache=True)
+def get_grouped_num_tiles(group_rows, num_groups, max_rows, num_n_blocks, block_m):
+    """Real output tiles of an M-grouped launch: sum over groups of ceil(rows_g / BLOCK_M) x N-blocks.
+
+    Read by every core from device memory at kernel start (``group_rows`` is masked_m for the masked kind), so an
+    empty group, the padding between groups and the rows past masked_m give no tile at all.
+    """
+    total = 0
+    for g in range(num_groups):
+        rows = grouped_rows(group_rows, g, max_rows)
+        total += (rows // block_m + (rows % block_m != 0)) * num_n_blocks
+    return total
+
+
+@njit(cache=True)
+def get_grouped_block(t, group_start, group_rows, num_groups, max_rows, num_n_blocks, block_m, group_m, num_cores,
+                      blk):
+    """The t-th real tile of an M-grouped launch, 0 <= t < get_grouped_num_tiles(...). Writes
+    blk[0] = first row (global row of A and D), blk[1] = N-block, blk[2] = group, blk[3] = the group's end row.
+
+    Groups are walked in order; inside a group its ceil(rows / BLOCK_M) x N-blocks tiles follow the dense swizzle
+    (``get_swizzled_block``; a huge ``group_m`` gives row-major, the stream path). M-blocks start at the group's
+    first row, so none straddles two groups, and the last one of a group is cut at the group's end row.
+    """
+    for g in range(num_groups):
+        rows = grouped_rows(group_rows, g, max_rows)
+        mb = rows // block_m + (rows % block_m != 0)
+        tiles = mb * num_n_blocks
+        if t < tiles:
+            get_swizzled_block(t, mb, num_n_blocks, group_m, num_cores, blk)
+            start = group_start[g]
+            blk[0] = start + blk[0] * block_m
+            blk[2] = g
+            blk[3] = start + rows
+            return
+        t -= tiles
+    blk[0] = -1
+    blk[1] = -1
+    blk[2] = -1
+    blk[3] = -1
+
+
+@njit(cache=True)
+def _grouped_tile_order(group_start, group_rows, num_groups, max_rows, num_n_blocks, block_m, group_m, num_cores,
+                        out):
+    blk = np.empty(4, np.int64)
+    for t in range(out.shape[0]):
+        get_grouped_block(t, group_start, group_rows, num_groups, max_rows, num_n_blocks, block_m, group_m,
+                          num_cores, blk)
+        for j in range(4):
+            out[t, j] = blk[j]
+
+
+def grouped_tile_order(group_start: np.ndarray, group_rows: np.ndarray, max_rows: int, num_n_blocks: int,
+                       block_m: int, group_m: int = 4, num_cores: int = 32) -> np.ndarray:
+    """Every real tile of an M-grouped launch in schedule order, int64 [num_tiles, 4]: (first row, N-block, group,
+    group end row). For tests and plots; kernels call get_grouped_num_tiles / get_grouped_block."""
+    starts = np.ascontiguousarray(group_start, dtype=np.int32)
+    rows = np.ascontiguousarray(group_rows, dtype=np.int32)
+    if starts.shape != rows.shape or starts.ndim != 1:
+        raise ValueError(f"group_start and group_rows must be 1-D of one length: {starts.shape=} {rows.shape=}")
+    for name, value in (("max_rows", max_rows), ("num_n_blocks", num_n_blocks), ("block_m", block_m),
+                        ("group_m", group_m), ("num_cores", num_cores)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < (0 if name == "max_rows"
+                                                                                            else 1):
+            raise ValueError(f"{name}={value!r} must be a positive int")
+    num = get_grouped_num_tiles(rows, len(rows), max_rows, num_n_blocks, block_m)
+    out = np.empty((num, 4), np.int64)
+    _grouped_tile_order(starts, rows, len(rows), max_rows, num_n_blocks, block_m, group_m, num_cores, out)
+    return out

@@ -21,6 +21,37 @@ _STORAGE = {"fp8": np.uint8, "fp4": np.uint8, "bf16": np.uint16}
 _OUT_STORAGE = {"bf16": np.uint16, "fp32": np.float32}
 
 
+# NOTES: the schedules the GEMM templates implement: one M x N grid, or the M-grouped walk over each group's rows
+# (contiguous, masked and batched differ only in where the host says the groups are). K-grouped calls launch the
+# normal schedule once per group.
+KERNEL_GEMM_TYPES = ("normal", "m_grouped_contiguous", "m_grouped_masked", "batched")
+
+
+@dataclass(frozen=True)
+class GroupedLayout:
+    """Where an M-grouped launch's groups are, as its kernel reads them from GM.
+
+    Group g owns rows [group_start[g], group_start[g] + clamp(group_rows[g], 0, max_group_rows)) of A and D (both
+    int32 [G], C-contiguous; group_rows is masked_m itself for the masked kind, read by the kernel only), and its B
+    (and B's scales) start ``group_stride_b`` (``group_stride_sfb``) elements after group g - 1's.
+    """
+
+    group_start: np.ndarray
+    group_rows: np.ndarray
+    max_group_rows: int
+    group_stride_b: int
+    group_stride_sfb: int = 0
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.group_rows.shape[0])
+
+    def kernel_args(self, with_sf: bool) -> tuple:
+        args = (self.group_start, self.group_rows, int(self.num_groups), int(self.max_group_rows),
+                int(self.group_stride_b))
+        return args + (int(self.group_stride_sfb),) if with_sf else args
+
+
 @dataclass(frozen=True)
 class PreparedGemm:
     """What one problem resolves to: its desc, the chosen config, the template constants and the kernel."""
@@ -82,12 +113,15 @@ def compiled_shape(compiled_dims: str, m: int, n: int, k: int) -> dict[str, int]
 
 def gemm_constants(desc: GemmDesc, config: GemmConfig, compiled_dims: str, resident_a: bool) -> dict[str, object]:
     """Every template constant of a GEMM kernel: the config's (BLOCK_M ... PATH), the compiled shape, the majors,
-    the dtypes, the epilogue mode and the stream path's resident-A flag."""
+    the dtypes, the epilogue mode, the stream path's resident-A flag and the schedule (GEMM_TYPE)."""
+    if desc.gemm_type not in KERNEL_GEMM_TYPES:
+        raise ValueError(f"gemm_type={desc.gemm_type!r} has no kernel schedule; allowed: {KERNEL_GEMM_TYPES}")
     constants = config.template_constants()
     constants.update(compiled_shape(compiled_dims, desc.m, desc.n, desc.k))
     constants.update(
         MAJOR_A=desc.major_a, MAJOR_B=desc.major_b, A_DTYPE=desc.a_dtype, B_DTYPE=desc.b_dtype,
         OUT_DTYPE=desc.out_dtype, WITH_ACCUMULATION=desc.with_accumulation, RESIDENT_A=resident_a,
+        GEMM_TYPE=desc.gemm_type,
     )
     return constants
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..heuristics.config import GemmConfig, GemmDesc
 from .common import (
+    GroupedLayout,
     PreparedGemm,
     compile_for,
     current_target,
@@ -27,14 +28,16 @@ _fast: dict[tuple, PreparedGemm] = {}
 
 
 def _prepare(m: int, n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str, major_a: str, major_b: str,
-             with_accumulation: bool, compiled_dims: str, config: GemmConfig | None) -> PreparedGemm:
+             with_accumulation: bool, compiled_dims: str, config: GemmConfig | None, gemm_type: str = "normal",
+             num_groups: int = 1) -> PreparedGemm:
     num_ai_cores, arch = current_target()
     key = (m, n, k, a_dtype, b_dtype, out_dtype, major_a, major_b, with_accumulation, compiled_dims, num_ai_cores,
-           arch.name, config)
+           arch.name, config, gemm_type, num_groups)
     prepared = _fast.get(key)
     if prepared is None:
         desc = GemmDesc(m=m, n=n, k=k, a_dtype=a_dtype, b_dtype=b_dtype, out_dtype=out_dtype, major_a=major_a,
-                        major_b=major_b, with_accumulation=with_accumulation, num_ai_cores=num_ai_cores)
+                        major_b=major_b, with_accumulation=with_accumulation, num_ai_cores=num_ai_cores,
+                        gemm_type=gemm_type, num_groups=num_groups)
         prepared = prepare_gemm(KERNEL_NAME, desc, compiled_dims, arch, config)
         _fast[key] = prepared
     return prepared
@@ -43,7 +46,8 @@ def _prepare(m: int, n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
 def launch_fp8_gemm(gm_a: np.ndarray, major_a: str, a_dtype: str, sfa: np.ndarray, gm_b: np.ndarray, major_b: str,
                     b_dtype: str, sfb: np.ndarray, d: np.ndarray, m: int, n: int, k: int, *,
                     with_accumulation: bool, alpha: float, compiled_dims: str,
-                    config: GemmConfig | None = None) -> GemmConfig:
+                    config: GemmConfig | None = None, gemm_type: str = "normal", num_groups: int = 1,
+                    grouped: GroupedLayout | None = None) -> GemmConfig:
     """Run (or, in dry-run mode, only build and compile) the FP8/FP4 GEMM kernel; returns its GemmConfig.
 
     gm_a / gm_b: uint8 physical storage with unit last stride: K-major [MN, >= K] (fp8) or [MN, >= K/2] (packed
@@ -51,17 +55,24 @@ def launch_fp8_gemm(gm_a: np.ndarray, major_a: str, a_dtype: str, sfa: np.ndarra
     sfa / sfb: int16 [ceil(K/64), MN] required layout (UE8M0 pairs). d: [M, >= N] float32 or uint16 bf16 bits,
     written only in d[:m, :n]: round(alpha * acc), or round(d + alpha * acc) with_accumulation.
     compiled_dims: letters of "mnk" baked into the kernel. ``config`` overrides the heuristic (tests, benches).
+    M-grouped kinds (``gemm_type`` "m_grouped_contiguous", "m_grouped_masked", "batched"): ``grouped`` says where
+    the groups' rows are; gm_b / sfb hold every group's B one after another (``grouped.group_stride_b`` /
+    ``group_stride_sfb`` elements apart); m and ``num_groups`` describe the problem to the heuristic only
+    (total real rows and the groups that have any).
     Reads runtime.get_num_ai_cores(), get_arch_spec(), get_dry_run(); env DG_PRINT_CONFIGS prints configs.
     """
     prepared = _prepare(int(m), int(n), int(k), a_dtype, b_dtype, out_dtype_of(d), major_a, major_b,
-                        bool(with_accumulation), compiled_dims, config)
+                        bool(with_accumulation), compiled_dims, config, gemm_type, int(num_groups))
     flat_a, stride_a = gm_view(gm_a, np.uint8)
     flat_b, stride_b = gm_view(gm_b, np.uint8)
     flat_sfa, stride_sfa = sf_view(sfa)
     flat_sfb, stride_sfb = sf_view(sfb)
     flat_d, stride_d = gm_view(d, out_storage_dtype(prepared.desc.out_dtype))
-    run_or_compile(prepared, (flat_a, stride_a, flat_sfa, stride_sfa, flat_b, stride_b, flat_sfb, stride_sfb,
-                              flat_d, stride_d, int(m), int(n), int(k), float(alpha)))
+    args = (flat_a, stride_a, flat_sfa, stride_sfa, flat_b, stride_b, flat_sfb, stride_sfb, flat_d, stride_d,
+            int(m), int(n), int(k), float(alpha))
+    if gemm_type != "normal":
+        args += grouped.kernel_args(with_sf=True)
+    run_or_compile(prepared, args)
     return prepared.config
 
 

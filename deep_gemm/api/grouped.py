@@ -1,0 +1,800 @@
+"""Grouped GEMM entry points for mixture-of-experts layers, with DeepGEMM-Ascend's names, argument order and defaults:
+M-grouped contiguous (psum layout, and CUDA DeepGEMM's per-row layout), M-grouped masked, K-grouped contiguous.
+
+Each call checks everything (layouts, group counts, shapes, dtypes, scale factors) into a plan before anything is
+written, then runs the plan on the kernels (one launch of the M-grouped schedule; K-grouped: one launch per
+non-empty group over that group's K range) or, for the ``aclnn_*`` references, in float64 numpy per group.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import runtime
+from ..kernels.common import GroupedLayout
+from ..utils.formats import bf16_bits_to_fp32, decode_e2m1, decode_e4m3, fp32_to_bf16_bits, unpack_fp4
+from ..utils.layout import transform_k_grouped_sf_into_required_layout, transform_sf_into_required_layout
+from ..utils.math import align, ceil_div
+from .checks import (
+    FP32,
+    OPERAND_KINDS,
+    OUT_KINDS,
+    check_compiled_dims,
+    check_no_alias,
+    contiguous_axis,
+    require_array,
+    resolve_recipes,
+)
+
+INT32 = np.dtype(np.int32)
+_KIND_NAMES = {"fp8": "float8_e4m3fn", "fp4": "int8 (packed FP4)", "bf16": "bfloat16"}
+_STORAGE = {"fp8": np.uint8, "fp4": np.uint8, "bf16": np.uint16}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Operands
+
+
+@dataclass(frozen=True)
+class GroupOperand:
+    """A stack of G operands, logically [G, MN, K], as the kernels take it: ``phys`` is C-contiguous physical
+    storage [G * rows, cols] (K-major: rows = MN, cols = K or K/2; MN-major: rows = K, cols = MN or MN/2) in the
+    kernels' storage dtype, group g starting ``group_stride`` elements after group g - 1."""
+
+    name: str
+    kind: str
+    major: str
+    num_groups: int
+    mn: int
+    k: int
+    phys: np.ndarray
+
+    @property
+    def group_stride(self) -> int:
+        return self.phys.size // max(self.num_groups, 1)
+
+    def group_phys(self, g: int) -> np.ndarray:
+        rows = self.phys.shape[0] // self.num_groups
+        return self.phys[g * rows:(g + 1) * rows]
+
+
+def _kind_of(x: np.ndarray, name: str, allowed: tuple[str, ...]) -> str:
+    kind = OPERAND_KINDS.get(x.dtype)
+    if kind is None or kind not in allowed:
+        raise TypeError(f"{name} has dtype {x.dtype}; expected one of {[_KIND_NAMES[a] for a in allowed]}")
+    return kind
+
+
+def make_group_operand(x: object, name: str, allowed: tuple[str, ...], *,
+                       require_k_major: bool = False) -> GroupOperand:
+    """Inspect a 3-D operand [G, MN, K] (nt form; the major is read from the last two strides). Copies to a
+    C-contiguous physical stack only when the input is not one already; never writes the input."""
+    x = require_array(x, name)
+    kind = _kind_of(x, name, allowed)
+    if x.ndim != 3:
+        raise ValueError(f"{name} must be 3-D [G, MN, K] (B is [G, N, K] for nt, [G, K, N] for nn), got {x.shape=}")
+    num_groups, mn, k = x.shape
+    axis = contiguous_axis(x[0], f"{name}[0]") if num_groups and x[0].size else 1
+    major = "k" if axis == 1 else "mn"
+    if require_k_major and major != "k":
+        raise ValueError(f"{name} must be K-major (unit stride along K), got strides(bytes)={x.strides}")
+    if kind == "fp4":
+        if major == "k":
+            k *= 2
+        else:
+            mn *= 2
+    phys3 = x if major == "k" else np.swapaxes(x, 1, 2)
+    phys3 = np.ascontiguousarray(phys3).view(_STORAGE[kind])
+    phys = phys3.reshape(num_groups * phys3.shape[1], phys3.shape[2])
+    return GroupOperand(name, kind, major, num_groups, mn, k, phys)
+
+
+def _split_pair(x: object, name: str) -> tuple[np.ndarray, np.ndarray]:
+    if not isinstance(x, (tuple, list)) or len(x) != 2:
+        raise TypeError(f"{name} must be a (tensor, scale_factors) pair, got {type(x).__name__}")
+    return require_array(x[0], f"{name}[0]"), require_array(x[1], f"{name}[1]")
+
+
+def _group_sf(sf: np.ndarray, op: GroupOperand, gran: tuple[int, int], is_sfa: bool, disable_ue8m0_cast: bool,
+              sf_name: str) -> np.ndarray:
+    """Per-group scale factors [G, MN, ...] -> C-contiguous int16 [G * ceil(K/64), MN] (each group's required
+    layout, physical, one after another)."""
+    gran_mn, gran_k = gran
+    recipe = (gran_mn, 1, gran_k) if is_sfa else (1, gran_mn, gran_k)
+    try:
+        out = transform_sf_into_required_layout(sf, op.mn, op.k, recipe, num_groups=op.num_groups, is_sfa=is_sfa,
+                                                disable_ue8m0_cast=disable_ue8m0_cast)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{sf_name}: {e}") from None
+    phys = np.ascontiguousarray(np.swapaxes(out, -1, -2))
+    return phys.reshape(op.num_groups * phys.shape[1], op.mn)
+
+
+def _check_out(d: object, shape: tuple[int, ...], name: str = "d", kinds: tuple[str, ...] = ("bf16", "fp32")):
+    d = require_array(d, name)
+    out_kind = OUT_KINDS.get(d.dtype)
+    if out_kind is None or out_kind not in kinds:
+        raise TypeError(f"{name} has dtype {d.dtype}; expected {' or '.join(kinds)}")
+    if d.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {d.shape}")
+    if d.size and shape[-1] > 1 and d.strides[-1] != d.itemsize:
+        raise ValueError(f"{name} must have unit stride along N, got strides(bytes)={d.strides}")
+    if not d.flags.writeable:
+        raise ValueError(f"{name} is read-only ({d.flags.writeable=}); pass a writable array")
+    return d, out_kind
+
+
+def _rows_view(d: np.ndarray, name: str = "d") -> np.ndarray:
+    """[..., rows, N] output as a 2-D [rows_total, N] view sharing its memory (ValueError when that is impossible:
+    the groups must follow each other at the row stride, as in a C-contiguous array)."""
+    if d.ndim == 2:
+        if d.size and d.shape[0] > 1 and d.strides[0] < d.shape[1] * d.itemsize:
+            raise ValueError(f"{name} rows must not overlap: strides(bytes)={d.strides} shape={d.shape}")
+        return d
+    flat = d.reshape(-1, d.shape[-1]) if d.size else d.reshape(-1, d.shape[-1])
+    if d.size and not np.shares_memory(flat, d):
+        raise ValueError(
+            f"{name} [G, rows, N] must have groups at a whole number of rows (e.g. C-contiguous); got "
+            f"shape={d.shape} strides(bytes)={d.strides}"
+        )
+    return flat
+
+
+def _check_int32_vector(x: object, name: str, length: int, length_name: str) -> np.ndarray:
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray of int32, got {type(x).__name__}")
+    if x.dtype != INT32:
+        raise TypeError(f"{name} must have dtype int32, got {x.dtype}")
+    if x.ndim != 1 or x.shape[0] != length:
+        raise ValueError(f"{name} must have shape ({length},) ({length_name}), got {x.shape}")
+    return x
+
+
+def _check_positive_int(x: object, name: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(x).__name__}: {x!r}")
+    if x < 1:
+        raise ValueError(f"{name} must be >= 1, got {name}={x}")
+    return int(x)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Layouts
+
+
+def psum_groups(psum: np.ndarray, limit: int, alignment: int, name: str = "grouped_layout",
+                limit_name: str = "M") -> tuple[np.ndarray, np.ndarray]:
+    """(starts, sizes) int64 [G] of a psum layout: group g owns [align(psum[g-1], alignment), psum[g]); an empty
+    group repeats the previous total. Raises ValueError naming the first offending index."""
+    p = psum.astype(np.int64)
+    starts = np.zeros(len(p), np.int64)
+    prev = 0
+    for g, end in enumerate(p.tolist()):
+        if end < 0:
+            raise ValueError(f"{name}[{g}]={end} is negative; {name}={p.tolist()}")
+        if end < prev:
+            raise ValueError(f"{name} must be non-decreasing: {name}[{g}]={end} < {name}[{g - 1}]={prev}")
+        start = align(prev, alignment)
+        if end != prev and end < start:
+            raise ValueError(
+                f"{name}[{g}]={end} ends inside the alignment padding of the previous group: group {g} starts at "
+                f"align({prev}, {alignment}) = {start}"
+            )
+        if end > limit:
+            raise ValueError(f"{name}[{g}]={end} exceeds {limit_name}={limit}")
+        starts[g] = start
+        prev = end
+    sizes = np.maximum(p - starts, 0)
+    starts = np.where(sizes > 0, starts, np.minimum(starts, limit))
+    return starts, sizes
+
+
+def per_row_groups(layout: np.ndarray, num_groups: int, name: str = "grouped_layout") -> tuple[np.ndarray, np.ndarray]:
+    """(starts, sizes) int64 [G] of CUDA DeepGEMM's per-row layout (the group of each row, -1 for padding). Each
+    group's rows must form one run (any order of groups, any start); ValueError names the first offending row."""
+    lay = layout.astype(np.int64)
+    bad = np.nonzero((lay < -1) | (lay >= num_groups))[0]
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{name}[{i}]={int(lay[i])} is not a group index in [0, {num_groups}) or -1 (padding)")
+    starts = np.zeros(num_groups, np.int64)
+    sizes = np.zeros(num_groups, np.int64)
+    if lay.size:
+        run_start = np.ones(lay.size, bool)
+        run_start[1:] = lay[1:] != lay[:-1]
+        run_start &= lay >= 0
+        run_rows = np.nonzero(run_start)[0]
+        run_groups = lay[run_rows]
+        seen = np.zeros(num_groups, bool)
+        for row, g in zip(run_rows.tolist(), run_groups.tolist(), strict=True):
+            if seen[g]:
+                raise ValueError(
+                    f"{name}: the rows of group {g} are not contiguous (a second run starts at row {row}, the first "
+                    f"at row {int(starts[g])}); each group must own one run of rows"
+                )
+            seen[g] = True
+            starts[g] = row
+        sizes = np.bincount(lay[lay >= 0], minlength=num_groups).astype(np.int64)
+    return starts, sizes
+
+
+def _padding_mask(num_rows: int, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """bool [num_rows]: True for every row that belongs to no group (the padding)."""
+    mask = np.ones(num_rows, bool)
+    for s, n in zip(starts.tolist(), sizes.tolist(), strict=True):
+        mask[s:s + n] = False
+    return mask
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# M-grouped plans (contiguous, masked; batched and einsum build them too)
+
+
+@dataclass
+class MGroupedPlan:
+    """A checked M-grouped call: A rows [rows, K] (K-major), B stack, D rows [rows, N]; group g owns rows
+    [group_start[g], group_start[g] + rows_g) of A and D, with rows_g = clamp(group_rows[g], 0, max_group_rows)."""
+
+    gemm_type: str
+    a_kind: str
+    a_phys: np.ndarray  # [rows, K or K/2] storage dtype, any row stride
+    sfa: np.ndarray | None  # C-contiguous int16 [ceil(K/64), rows]
+    b: GroupOperand
+    sfb: np.ndarray | None  # C-contiguous int16 [G * ceil(K/64), N]
+    d_rows: np.ndarray  # [rows, N] view of D (or of a temporary copied back by ``finish``)
+    out_kind: str
+    n: int
+    k: int
+    group_start: np.ndarray  # int32 [G]
+    group_rows: np.ndarray  # int32 [G] (masked_m itself for the masked kind)
+    max_group_rows: int
+    model_m: int  # total rows the heuristic plans for
+    model_groups: int
+    compiled_dims: str
+    with_accumulation: bool = False
+    c_rows: np.ndarray | None = None  # [rows, N] accumulated into D (copied in before the launch)
+    zero_rows: np.ndarray | None = None  # bool [rows]: rows of D to zero (ensure_zero_padding)
+    finish: object = None  # callable run after the kernel (copy a temporary back into the caller's D)
+    extra: dict = field(default_factory=dict)
+
+
+def run_m_grouped(plan: MGroupedPlan, reference: bool = False) -> object:
+    """Write D for a checked plan: the M-grouped kernel (returns its GemmConfig), or float64 numpy per group."""
+    if runtime.get_dry_run() and not reference:
+        return _launch(plan)
+    if plan.c_rows is not None and plan.c_rows is not plan.d_rows:
+        np.copyto(plan.d_rows, plan.c_rows)
+    if plan.zero_rows is not None and plan.zero_rows.any():
+        plan.d_rows[plan.zero_rows] = 0
+    config = _reference_m_grouped(plan) if reference else _launch(plan)
+    if plan.finish is not None:
+        plan.finish()
+    return config
+
+
+def _launch(plan: MGroupedPlan):
+    if plan.model_m == 0 or plan.n == 0 or plan.k == 0:
+        return None
+    layout = GroupedLayout(plan.group_start, plan.group_rows, plan.max_group_rows, plan.b.group_stride,
+                           plan.sfb.size // plan.b.num_groups if plan.sfb is not None else 0)
+    d = plan.d_rows.view(np.uint16) if plan.out_kind == "bf16" else plan.d_rows
+    common = dict(with_accumulation=plan.with_accumulation, alpha=1.0, compiled_dims=plan.compiled_dims,
+                  gemm_type=plan.gemm_type, num_groups=plan.model_groups, grouped=layout)
+    if plan.a_kind == "bf16":
+        from ..kernels.bf16_gemm import launch_bf16_gemm
+
+        return launch_bf16_gemm(plan.a_phys, "k", plan.b.phys, plan.b.major, d, plan.model_m, plan.n, plan.k,
+                                **common)
+    from ..kernels.fp8_gemm import launch_fp8_gemm
+
+    return launch_fp8_gemm(plan.a_phys, "k", plan.a_kind, plan.sfa, plan.b.phys, plan.b.major, plan.b.kind,
+                           plan.sfb, d, plan.model_m, plan.n, plan.k, **common)
+
+
+def _values(phys: np.ndarray, kind: str, major: str, mn: int, k: int) -> np.ndarray:
+    """float64 [mn, k] values (before scaling) of physical storage (K-major [mn, k'] or MN-major [k, mn'])."""
+    if kind == "bf16":
+        v = bf16_bits_to_fp32(phys.view(np.uint16)).astype(np.float64)
+    elif kind == "fp8":
+        v = decode_e4m3(phys.view(np.uint8)).astype(np.float64)
+    else:
+        v = decode_e2m1(unpack_fp4(phys.view(np.uint8), axis=1)).astype(np.float64)
+    return v[:mn, :k] if major == "k" else v.T[:mn, :k]
+
+
+def _scales(sf_phys: np.ndarray, mn: int, k: int) -> np.ndarray:
+    """float64 [mn, k] per-element scales from a physical int16 [ceil(k/64), mn] required-layout block."""
+    from ..utils.layout import unpack_sf_from_required_layout
+
+    s = unpack_sf_from_required_layout(np.ascontiguousarray(sf_phys).T, mn, k).astype(np.float64)
+    return np.repeat(s, 32, axis=1)[:, :k]
+
+
+def store_rows(d_rows: np.ndarray, out_kind: str, r0: int, acc: np.ndarray, accumulate: bool) -> None:
+    """Round float64 ``acc`` (+ D's rows when accumulating) once into D[r0 : r0 + len(acc)]."""
+    rows = slice(r0, r0 + acc.shape[0])
+    if accumulate:
+        cur = bf16_bits_to_fp32(d_rows[rows].view(np.uint16)) if out_kind == "bf16" else d_rows[rows]
+        acc = acc + cur.astype(np.float64)
+    acc32 = acc.astype(np.float32)
+    if out_kind == "bf16":
+        d_rows.view(np.uint16)[rows] = fp32_to_bf16_bits(acc32)
+    else:
+        d_rows[rows] = acc32
+
+
+def _reference_m_grouped(plan: MGroupedPlan) -> None:
+    k, n = plan.k, plan.n
+    pairs = ceil_div(k, 64)
+    for g in range(plan.b.num_groups):
+        rows = int(min(max(int(plan.group_rows[g]), 0), plan.max_group_rows))
+        if rows == 0 or n == 0:
+            continue
+        r0 = int(plan.group_start[g])
+        a_phys = plan.a_phys[r0:r0 + rows]
+        a = _values(a_phys, plan.a_kind, "k", rows, k)
+        b = _values(plan.b.group_phys(g), plan.b.kind, plan.b.major, n, k)
+        if plan.sfa is not None:
+            a = a * _scales(plan.sfa[:, r0:r0 + rows], rows, k)
+            b = b * _scales(plan.sfb[g * pairs:(g + 1) * pairs], n, k)
+        store_rows(plan.d_rows, plan.out_kind, r0, a @ b.T, plan.with_accumulation)
+
+
+def _operands_a_b(a, b, kinds: tuple[str, ...], nn: bool, a_k_major: bool = True):
+    """(A array, sfa | None, B GroupOperand (nt form), sfb | None) for fp8/fp4 pairs or bf16 arrays."""
+    if "bf16" in kinds:
+        a_arr, sfa = require_array(a, "a"), None
+        b_arr, sfb = require_array(b, "b"), None
+    else:
+        a_arr, sfa = _split_pair(a, "a")
+        b_arr, sfb = _split_pair(b, "b")
+    if nn:
+        if b_arr.ndim != 3:
+            raise ValueError(f"b must be 3-D [G, K, N] for the nn form, got {b_arr.shape=}")
+        b_arr = np.swapaxes(b_arr, 1, 2)
+        if sfb is not None and sfb.ndim == 3:
+            sfb = np.swapaxes(sfb, 1, 2)
+    op_b = make_group_operand(b_arr, "b", kinds)
+    return a_arr, sfa, op_b, sfb
+
+
+def _a_rows(a_arr: np.ndarray, name: str, kinds: tuple[str, ...]) -> tuple[str, np.ndarray, int, int]:
+    """(kind, physical K-major storage [rows, K'], rows, K) of a 2-D K-major A."""
+    kind = _kind_of(a_arr, name, kinds)
+    if a_arr.ndim != 2:
+        raise ValueError(f"{name} must be 2-D [M, K], got {a_arr.shape=}")
+    if contiguous_axis(a_arr, name) != 1:
+        raise ValueError(f"{name} must be K-major (unit stride along K), got strides(bytes)={a_arr.strides}")
+    rows, k = a_arr.shape
+    if kind == "fp4":
+        k *= 2
+    return kind, a_arr.view(_STORAGE[kind]), rows, k
+
+
+def _check_pair_kinds(a_kind: str, b_kind: str, a_arr, b_arr) -> None:
+    if (a_kind, b_kind) == ("fp4", "fp8"):
+        raise TypeError(
+            f"fp4 A with fp8 B is not supported (as upstream): a.dtype={a_arr.dtype} b.dtype={b_arr.dtype}; "
+            "pass fp8 A with fp4 B instead"
+        )
+
+
+def plan_m_grouped_contiguous(a, b, d, grouped_layout, *, kinds, nn, recipe=None, recipe_a=None, recipe_b=None,
+                              compiled_dims="nk", disable_ue8m0_cast=False, use_psum_layout=True,
+                              ensure_zero_padding=True, expected_m_for_psum_layout=None) -> MGroupedPlan:
+    """Every check of an M-grouped contiguous call; returns the plan, writes nothing."""
+    # Operands
+    a_arr, sfa, op_b, sfb = _operands_a_b(a, b, kinds, nn)
+    a_kind, a_phys, m, k = _a_rows(a_arr, "a", kinds)
+    _check_pair_kinds(a_kind, op_b.kind, a_arr, b)
+    num_groups, n = op_b.num_groups, op_b.mn
+    if num_groups < 1:
+        raise ValueError(f"b must hold at least one group, got b.shape={op_b.phys.shape} (G=0)")
+    if op_b.k != k:
+        raise ValueError(f"A and B disagree on K: a has K={k}, b has K={op_b.k} (a.shape={a_arr.shape})")
+    d, out_kind = _check_out(d, (m, n))
+    d_rows = _rows_view(d)
+    check_no_alias(d, a=a_arr, b=op_b.phys, sfa=sfa, sfb=sfb, grouped_layout=grouped_layout)
+    dims = check_compiled_dims(compiled_dims)
+    for flag_name, flag in (("use_psum_layout", use_psum_layout), ("ensure_zero_padding", ensure_zero_padding),
+                            ("disable_ue8m0_cast", disable_ue8m0_cast)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{flag_name} must be a bool, got {flag!r}")
+
+    # Layout
+    alignment = runtime.get_mk_alignment_for_contiguous_layout()
+    if use_psum_layout:
+        lay = _check_int32_vector(grouped_layout, "grouped_layout", num_groups,
+                                  "the psum layout: one running row total per group; pass use_psum_layout=False "
+                                  "for CUDA DeepGEMM's per-row layout [M]")
+        starts, sizes = psum_groups(lay, m, alignment)
+    else:
+        lay = _check_int32_vector(grouped_layout, "grouped_layout", m,
+                                  "use_psum_layout=False: the group of each row of A, -1 for padding")
+        starts, sizes = per_row_groups(lay, num_groups)
+    if expected_m_for_psum_layout is not None:
+        if not use_psum_layout:
+            raise ValueError(f"expected_m_for_psum_layout={expected_m_for_psum_layout!r} is only legal with "
+                             "use_psum_layout=True (as upstream)")
+        expected = _check_positive_int(expected_m_for_psum_layout, "expected_m_for_psum_layout")
+        model_m, model_groups = expected * num_groups, num_groups
+    else:
+        # NOTES: the host knows the real layout here (it checked it): the heuristic plans for the real rows of the
+        # non-empty groups, which is what the schedule walks.
+        model_groups = max(1, int(np.count_nonzero(sizes)))
+        model_m = max(int(sizes.sum()), model_groups)
+
+    # Scale factors
+    sfa_phys = sfb_phys = None
+    if a_kind != "bf16":
+        gran_a, gran_b = resolve_recipes(recipe, recipe_a, recipe_b)
+        ra = (gran_a[0], 1, gran_a[1])
+        psum_for_sf = lay if use_psum_layout and sizes.sum() else None
+        try:
+            sfa_req = transform_sf_into_required_layout(sfa, m, k, ra, is_sfa=True,
+                                                        disable_ue8m0_cast=disable_ue8m0_cast,
+                                                        psum_layout=psum_for_sf)
+        except (ValueError, TypeError) as e:
+            raise type(e)(f"sfa: {e}") from None
+        sfa_phys = np.ascontiguousarray(sfa_req.T)
+        sfb_phys = _group_sf(sfb, op_b, gran_b, False, disable_ue8m0_cast, "sfb")
+
+    zero = _padding_mask(m, starts, sizes) if ensure_zero_padding else None
+    return MGroupedPlan(
+        gemm_type="m_grouped_contiguous", a_kind=a_kind, a_phys=a_phys, sfa=sfa_phys, b=op_b, sfb=sfb_phys,
+        d_rows=d_rows, out_kind=out_kind, n=n, k=k, group_start=starts.astype(np.int32),
+        group_rows=sizes.astype(np.int32), max_group_rows=m, model_m=model_m if m and n else 0,
+        model_groups=model_groups, compiled_dims=dims, zero_rows=zero,
+    )
+
+
+def plan_m_grouped_masked(a, b, d, masked_m, expected_m, *, kinds, recipe=None, recipe_a=None, recipe_b=None,
+                          compiled_dims="nk", disable_ue8m0_cast=False) -> MGroupedPlan:
+    """Every check of an M-grouped masked call; returns the plan, writes nothing. ``masked_m`` is checked here
+    (values in [0, max_m]) but the schedule reads it on the device; the heuristic uses ``expected_m`` only."""
+    if "bf16" in kinds:
+        a_arr, sfa = require_array(a, "a"), None
+        b_arr, sfb = require_array(b, "b"), None
+    else:
+        a_arr, sfa = _split_pair(a, "a")
+        b_arr, sfb = _split_pair(b, "b")
+    op_a = make_group_operand(a_arr, "a", kinds, require_k_major=True)
+    op_b = make_group_operand(b_arr, "b", kinds)
+    _check_pair_kinds(op_a.kind, op_b.kind, a_arr, b_arr)
+    num_groups, max_m, k = op_a.num_groups, op_a.mn, op_a.k
+    if op_b.num_groups != num_groups:
+        raise ValueError(f"A and B disagree on the number of groups: a.shape={a_arr.shape} b.shape={b_arr.shape}")
+    if op_b.k != k:
+        raise ValueError(f"A and B disagree on K: a has K={k}, b has K={op_b.k}")
+    n = op_b.mn
+    d, out_kind = _check_out(d, (num_groups, max_m, n))
+    d_rows = _rows_view(d)
+    check_no_alias(d, a=a_arr, b=b_arr, sfa=sfa, sfb=sfb, masked_m=masked_m)
+    dims = check_compiled_dims(compiled_dims)
+    if not isinstance(disable_ue8m0_cast, (bool, np.bool_)):
+        raise TypeError(f"disable_ue8m0_cast must be a bool, got {disable_ue8m0_cast!r}")
+    mm = _check_int32_vector(masked_m, "masked_m", num_groups, "one row count per group")
+    bad = np.nonzero((mm < 0) | (mm > max_m))[0]
+    if bad.size:
+        g = int(bad[0])
+        raise ValueError(f"masked_m[{g}]={int(mm[g])} is outside [0, max_m={max_m}]")
+    expected = _check_positive_int(expected_m, "expected_m")
+
+    sfa_phys = sfb_phys = None
+    if op_a.kind != "bf16":
+        gran_a, gran_b = resolve_recipes(recipe, recipe_a, recipe_b)
+        if isinstance(sfa, np.ndarray) and sfa.dtype == FP32 and sfa.ndim == 3 and sfa.shape[0] == num_groups:
+            # NOTES: scales of rows at or past masked_m[g] are never read; they may be garbage, like those rows of A.
+            gran_mn = gran_a[0]
+            live = np.arange(sfa.shape[1])[None, :] * gran_mn < mm[:, None]
+            if not live.all():
+                sfa = np.where(live[:, :, None], sfa, np.float32(1.0))
+        sfa_group = _group_sf(sfa, op_a, gran_a, True, disable_ue8m0_cast, "sfa")  # [G * pairs, max_m]
+        pairs = ceil_div(k, 64)
+        sfa_phys = np.ascontiguousarray(
+            sfa_group.reshape(num_groups, pairs, max_m).transpose(1, 0, 2)).reshape(pairs, num_groups * max_m)
+        sfb_phys = _group_sf(sfb, op_b, gran_b, False, disable_ue8m0_cast, "sfb")
+
+    return MGroupedPlan(
+        gemm_type="m_grouped_masked", a_kind=op_a.kind, a_phys=op_a.phys, sfa=sfa_phys, b=op_b, sfb=sfb_phys,
+        d_rows=d_rows, out_kind=out_kind, n=n, k=k,
+        group_start=(np.arange(num_groups, dtype=np.int64) * max_m).astype(np.int32),
+        group_rows=np.ascontiguousarray(mm),
+        max_group_rows=max_m, model_m=expected * num_groups if max_m and n else 0, model_groups=num_groups,
+        compiled_dims=dims,
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Public M-grouped functions
+
+
+def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None,
+                                         compiled_dims="nk", disable_ue8m0_cast=False, use_psum_layout=True,
+                                         ensure_zero_padding=True, expected_m_for_psum_layout=None):
+    """M-grouped GEMM, groups stacked along M: D[rows of g] = dequant(A[rows of g]) @ dequant(B[g])^T.
+
+    a = (A float8_e4m3fn [M, K] or packed FP4 [M, K/2], K-major; sfa [M, ceil(K/gran_k)] fp32 or int16 required
+    layout), b = (B [G, N, K] (either major), sfb [G, N, ...]), d bfloat16/float32 [M, N]. ``grouped_layout`` int32:
+    the psum layout [G] (running row totals; group g owns rows [align(psum[g-1], 256), psum[g])), or with
+    ``use_psum_layout=False`` CUDA DeepGEMM's per-row layout [M] (group of each row, -1 for padding; each group
+    one run of rows). Rows of no group: zeroed when ``ensure_zero_padding``, else untouched. The kernel walks only
+    the groups' real rows; ``expected_m_for_psum_layout`` (psum only) replaces the real layout as the heuristic's
+    per-group row hint. Returns the kernel's GemmConfig (None when there is nothing to compute).
+    """
+    plan = plan_m_grouped_contiguous(a, b, d, grouped_layout, kinds=("fp8", "fp4"), nn=False, recipe=recipe,
+                                     recipe_a=recipe_a, recipe_b=recipe_b, compiled_dims=compiled_dims,
+                                     disable_ue8m0_cast=disable_ue8m0_cast, use_psum_layout=use_psum_layout,
+                                     ensure_zero_padding=ensure_zero_padding,
+                                     expected_m_for_psum_layout=expected_m_for_psum_layout)
+    return run_m_grouped(plan)
+
+
+def m_grouped_fp8_fp4_gemm_nn_contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None,
+                                         compiled_dims="nk", disable_ue8m0_cast=False, use_psum_layout=True,
+                                         ensure_zero_padding=True, expected_m_for_psum_layout=None):
+    """As ``m_grouped_fp8_fp4_gemm_nt_contiguous`` with B given as [G, K, N] (sfb as [G, ceil(K/gran_k), N])."""
+    plan = plan_m_grouped_contiguous(a, b, d, grouped_layout, kinds=("fp8", "fp4"), nn=True, recipe=recipe,
+                                     recipe_a=recipe_a, recipe_b=recipe_b, compiled_dims=compiled_dims,
+                                     disable_ue8m0_cast=disable_ue8m0_cast, use_psum_layout=use_psum_layout,
+                                     ensure_zero_padding=ensure_zero_padding,
+                                     expected_m_for_psum_layout=expected_m_for_psum_layout)
+    return run_m_grouped(plan)
+
+
+def m_grouped_bf16_gemm_nt_contiguous(a, b, d, grouped_layout, compiled_dims="nk", use_psum_layout=True,
+                                      ensure_zero_padding=True, expected_m_for_psum_layout=None):
+    """BF16 M-grouped contiguous GEMM: A bfloat16 [M, K] (K-major), B bfloat16 [G, N, K]; layouts as the FP8 form."""
+    plan = plan_m_grouped_contiguous(a, b, d, grouped_layout, kinds=("bf16",), nn=False, compiled_dims=compiled_dims,
+                                     use_psum_layout=use_psum_layout, ensure_zero_padding=ensure_zero_padding,
+                                     expected_m_for_psum_layout=expected_m_for_psum_layout)
+    return run_m_grouped(plan)
+
+
+def m_grouped_bf16_gemm_nn_contiguous(a, b, d, grouped_layout, compiled_dims="nk", use_psum_layout=True,
+                                      ensure_zero_padding=True, expected_m_for_psum_layout=None):
+    """As ``m_grouped_bf16_gemm_nt_contiguous`` with B given as [G, K, N]."""
+    plan = plan_m_grouped_contiguous(a, b, d, grouped_layout, kinds=("bf16",), nn=True, compiled_dims=compiled_dims,
+                                     use_psum_layout=use_psum_layout, ensure_zero_padding=ensure_zero_padding,
+                                     expected_m_for_psum_layout=expected_m_for_psum_layout)
+    return run_m_grouped(plan)
+
+
+def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None, recipe_a=None, recipe_b=None,
+                                     compiled_dims="nk", disable_ue8m0_cast=False):
+    """M-grouped masked GEMM (decode): D[g, :masked_m[g]] = dequant(A[g, :masked_m[g]]) @ dequant(B[g])^T.
+
+    a = (A [G, max_m, K] K-major, sfa [G, max_m, ceil(K/gran_k)]), b = (B [G, N, K], sfb [G, N, ...]), d bfloat16 or
+    float32 [G, max_m, N]; masked_m int32 [G] in [0, max_m], read by the kernel (rows at or past masked_m[g] are
+    never written, whatever A holds there); ``expected_m`` (> 0) is the heuristic's per-group row hint.
+    """
+    plan = plan_m_grouped_masked(a, b, d, masked_m, expected_m, kinds=("fp8", "fp4"), recipe=recipe,
+                                 recipe_a=recipe_a, recipe_b=recipe_b, compiled_dims=compiled_dims,
+                                 disable_ue8m0_cast=disable_ue8m0_cast)
+    return run_m_grouped(plan)
+
+
+def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m, compiled_dims="nk"):
+    """BF16 M-grouped masked GEMM: A bfloat16 [G, max_m, K], B bfloat16 [G, N, K], D [G, max_m, N]."""
+    plan = plan_m_grouped_masked(a, b, d, masked_m, expected_m, kinds=("bf16",), compiled_dims=compiled_dims)
+    return run_m_grouped(plan)
+
+
+# DeepGEMM's aliases (and CUDA DeepGEMM's legacy names of the masked kind)
+m_grouped_fp8_gemm_nt_contiguous = m_grouped_fp8_fp4_gemm_nt_contiguous
+m_grouped_fp8_gemm_nn_contiguous = m_grouped_fp8_fp4_gemm_nn_contiguous
+m_grouped_fp8_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked
+fp8_m_grouped_gemm_nt_masked = m_grouped_fp8_fp4_gemm_nt_masked
+bf16_m_grouped_gemm_nt_masked = m_grouped_bf16_gemm_nt_masked
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# K-grouped contiguous
+
+
+@dataclass
+class KGroupedPlan:
+    """A checked K-grouped call: group g reduces over K rows [k_start[g], k_start[g] + ks[g]) of A [K, M] and
+    B [K, N] (MN-major) into D[g] [M, N] (fp32), starting from C[g] (or zeros)."""
+
+    kind: str
+    a_phys: np.ndarray  # [K_total, M] storage dtype
+    b_phys: np.ndarray  # [K_total, N]
+    sfa: np.ndarray | None  # C-contiguous int16 [ceil(K_total/64), M]
+    sfb: np.ndarray | None
+    d: np.ndarray  # fp32 [G, M, N]
+    c: np.ndarray | None
+    m: int
+    n: int
+    k_start: np.ndarray
+    ks: np.ndarray
+    compiled_dims: str
+
+
+def plan_k_grouped(a, b, d, ks_cpu, grouped_layout, c, *, kind, recipe=(1, 1, 32), compiled_dims="mn",
+                   use_psum_layout=True) -> KGroupedPlan:
+    """Every check of a K-grouped call; returns the plan, writes nothing."""
+    if kind == "bf16":
+        a_arr, sfa = require_array(a, "a"), None
+        b_arr, sfb = require_array(b, "b"), None
+    else:
+        a_arr, sfa = _split_pair(a, "a")
+        b_arr, sfb = _split_pair(b, "b")
+    for name, x in (("a", a_arr), ("b", b_arr)):
+        _kind_of(x, name, (kind,))
+        if x.ndim != 2:
+            raise ValueError(f"{name} must be 2-D [K_total, {'M' if name == 'a' else 'N'}], got {x.shape=}")
+        if x.size and contiguous_axis(x, name) != 1:
+            raise ValueError(f"{name} must be MN-major (unit stride along {'M' if name == 'a' else 'N'}), "
+                             f"got strides(bytes)={x.strides}")
+    if a_arr.shape[0] != b_arr.shape[0]:
+        raise ValueError(f"A and B disagree on K_total: a.shape={a_arr.shape} b.shape={b_arr.shape}")
+    k_total, m = a_arr.shape
+    n = b_arr.shape[1]
+    if not isinstance(grouped_layout, np.ndarray):
+        raise TypeError(f"grouped_layout must be a numpy.ndarray of int32, got {type(grouped_layout).__name__}")
+    if grouped_layout.ndim != 1 or grouped_layout.size == 0:
+        raise ValueError(f"grouped_layout must be 1-D [G] with G >= 1, got shape {grouped_layout.shape}")
+    num_groups = grouped_layout.shape[0]
+    lay = _check_int32_vector(grouped_layout, "grouped_layout", num_groups, "one entry per group")
+    d, _ = _check_out(d, (num_groups, m, n), kinds=("fp32",))
+    if c is None and kind != "bf16":
+        raise ValueError("K-grouped FP8 GEMM requires accumulation into C (as upstream): pass c (fp32 [G, M, N], "
+                         "or c=d)")
+    if c is not None:
+        c = require_array(c, "c")
+        if c.dtype != d.dtype or c.shape != d.shape:
+            raise ValueError(f"c must match d: {c.dtype=} {c.shape=} vs {d.dtype=} {d.shape=}")
+        if np.shares_memory(c, d) and not (c.strides == d.strides and c.ctypes.data == d.ctypes.data):
+            raise ValueError(f"c overlaps d without being the same view ({c.strides=} {d.strides=}); pass c=d")
+    check_no_alias(d, a=a_arr, b=b_arr, sfa=sfa, sfb=sfb, grouped_layout=grouped_layout)
+    dims = check_compiled_dims(compiled_dims)
+    if not isinstance(use_psum_layout, (bool, np.bool_)):
+        raise TypeError(f"use_psum_layout must be a bool, got {use_psum_layout!r}")
+
+    alignment = runtime.get_mk_alignment_for_contiguous_layout()
+    if use_psum_layout:
+        starts, sizes = psum_groups(lay, k_total, alignment, limit_name="K_total (a.shape[0])")
+    else:
+        sizes = lay.astype(np.int64)
+        bad = np.nonzero((sizes < 0) | (sizes % alignment != 0))[0]
+        if bad.size:
+            g = int(bad[0])
+            raise ValueError(f"grouped_layout[{g}]={int(sizes[g])} (use_psum_layout=False: the K of group {g}) must "
+                             f"be a non-negative multiple of {alignment}")
+        if int(sizes.sum()) != k_total:
+            raise ValueError(f"K group sizes sum to {int(sizes.sum())}, but A and B have K_total={k_total}: "
+                             f"grouped_layout={sizes.tolist()}")
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    if ks_cpu is not None and not (isinstance(ks_cpu, (list, tuple)) and len(ks_cpu) == 0):
+        if not isinstance(ks_cpu, (list, tuple)) or len(ks_cpu) != num_groups:
+            raise ValueError(f"ks_cpu must be a list of {num_groups} ints (one K per group) or None, "
+                             f"got {ks_cpu!r}")
+        for g, (given, real) in enumerate(zip(ks_cpu, sizes.tolist(), strict=True)):
+            if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or given != real:
+                raise ValueError(f"ks_cpu[{g}]={given!r} disagrees with grouped_layout, which gives group {g} "
+                                 f"K={real}")
+
+    sfa_phys = sfb_phys = None
+    if kind != "bf16":
+        psum_equiv = (starts + sizes).astype(np.int64)
+        for name, sf, mn, is_sfa in (("sfa", sfa, m, True), ("sfb", sfb, n, False)):
+            try:
+                req = transform_k_grouped_sf_into_required_layout(sf, mn, k_total, recipe, is_sfa, psum_equiv)
+            except (ValueError, TypeError) as e:
+                raise type(e)(f"{name}: {e}") from None
+            phys = np.ascontiguousarray(req.T)
+            if is_sfa:
+                sfa_phys = phys
+            else:
+                sfb_phys = phys
+    storage = _STORAGE[kind]
+    return KGroupedPlan(kind, a_arr.view(storage), b_arr.view(storage), sfa_phys, sfb_phys, d, c, m, n,
+                        starts, sizes, dims)
+
+
+def run_k_grouped(plan: KGroupedPlan, reference: bool = False):
+    """D[g] = C[g] + A[K range of g]^T @ B[K range of g] per group (kernel launches, or float64 numpy)."""
+    from ..heuristics import get_best_config
+    from ..heuristics.config import GemmDesc
+
+    m, n = plan.m, plan.n
+    if m == 0 or n == 0:
+        return None
+    config = None
+    live = [g for g in range(len(plan.ks)) if plan.ks[g] > 0]
+    if not reference and live:
+        num_ai_cores, arch = runtime.get_num_ai_cores(), runtime.get_arch_spec()
+        desc = GemmDesc(m=m, n=n, k=max(int(plan.ks.sum()), len(live)), a_dtype=plan.kind, b_dtype=plan.kind,
+                        out_dtype="fp32", gemm_type="k_grouped_contiguous", num_groups=len(live), major_a="mn",
+                        major_b="mn", with_accumulation=True, num_ai_cores=num_ai_cores)
+        config = get_best_config(desc, arch)
+    if runtime.get_dry_run() and not reference:
+        for g in live[:1]:
+            _k_group_launch(plan, g, config)
+        return config
+    if plan.c is None:
+        plan.d[...] = 0
+    elif plan.c is not plan.d:
+        np.copyto(plan.d, plan.c)
+    for g in live:
+        if reference:
+            k0, kg = int(plan.k_start[g]), int(plan.ks[g])
+            a = _values(plan.a_phys[k0:k0 + kg], plan.kind, "mn", m, kg)
+            b = _values(plan.b_phys[k0:k0 + kg], plan.kind, "mn", n, kg)
+            if plan.sfa is not None:
+                a = a * _scales(plan.sfa[k0 // 64:k0 // 64 + ceil_div(kg, 64)], m, kg)
+                b = b * _scales(plan.sfb[k0 // 64:k0 // 64 + ceil_div(kg, 64)], n, kg)
+            plan.d[g] = (a @ b.T + plan.d[g].astype(np.float64)).astype(np.float32)
+        else:
+            _k_group_launch(plan, g, config)
+    return config
+
+
+def _k_group_launch(plan: KGroupedPlan, g: int, config) -> None:
+    # NOTES: one launch per non-empty group of the dense schedule over that group's K range, accumulating into
+    # D[g] (K is a runtime dim, so every group shares one kernel; the config is the K-grouped problem's).
+    k0, kg = int(plan.k_start[g]), int(plan.ks[g])
+    a_g = plan.a_phys[k0:k0 + kg]
+    b_g = plan.b_phys[k0:k0 + kg]
+    d_g = plan.d[g]
+    common = dict(with_accumulation=True, alpha=1.0, compiled_dims=plan.compiled_dims, config=config)
+    if plan.kind == "bf16":
+        from ..kernels.bf16_gemm import launch_bf16_gemm
+
+        launch_bf16_gemm(a_g, "mn", b_g, "mn", d_g, plan.m, plan.n, kg, **common)
+        return
+    from ..kernels.fp8_gemm import launch_fp8_gemm
+
+    sl = slice(k0 // 64, k0 // 64 + ceil_div(kg, 64))
+    launch_fp8_gemm(a_g, "mn", "fp8", plan.sfa[sl], b_g, "mn", "fp8", plan.sfb[sl], d_g, plan.m, plan.n, kg,
+                    **common)
+
+
+def k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, recipe=(1, 1, 32),
+                                     compiled_dims="mn", use_psum_layout=True):
+    """K-grouped GEMM (MoE weight gradients): D[g] = C[g] + dequant(A_g)^T @ dequant(B_g) for every group g.
+
+    a = (A float8_e4m3fn [K_total, M], sfa [M, ceil(K_total/gran_k)] fp32 or int16 [M, ceil(K_total/64)] required
+    layout), b = (B [K_total, N], sfb [N, ...]), both MN-major; d float32 [G, M, N]; c required (float32 [G, M, N],
+    or c=d). ``grouped_layout`` int32 [G]: cumulative K ends (group g's K rows start at align(end[g-1], 256)), or with
+    ``use_psum_layout=False`` the K of each group (multiples of 256, summing to K_total). ``ks_cpu``: None or the
+    per-group K list (checked against the layout). Empty groups give D[g] = C[g].
+    """
+    plan = plan_k_grouped(a, b, d, ks_cpu, grouped_layout, c, kind="fp8", recipe=recipe, compiled_dims=compiled_dims,
+                          use_psum_layout=use_psum_layout)
+    return run_k_grouped(plan)
+
+
+def k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, recipe=(1, 1, 32),
+                                     compiled_dims="mn", use_psum_layout=True):
+    """Deprecated (as upstream): A [M, K_total] and B [N, K_total] K-major; transposes them and forwards to
+    ``k_grouped_fp8_gemm_tn_contiguous`` (scale factors as there)."""
+    warnings.warn("k_grouped_fp8_gemm_nt_contiguous is deprecated; use k_grouped_fp8_gemm_tn_contiguous with A and B "
+                  "given as [K_total, M] and [K_total, N]", DeprecationWarning, stacklevel=2)
+    a_arr, sfa = _split_pair(a, "a")
+    b_arr, sfb = _split_pair(b, "b")
+    return k_grouped_fp8_gemm_tn_contiguous((a_arr.T, sfa), (b_arr.T, sfb), d, ks_cpu, grouped_layout, c, recipe,
+                                            compiled_dims, use_psum_layout)
+
+
+def k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, compiled_dims="mn",
+                                      use_psum_layout=True):
+    """BF16 K-grouped GEMM: A bfloat16 [K_total, M], B bfloat16 [K_total, N] (MN-major), D float32 [G, M, N]
+    (= C[g] + A_g^T @ B_g, or A_g^T @ B_g without c); layouts as ``k_grouped_fp8_gemm_tn_contiguous``."""
+    plan = plan_k_grouped(a, b, d, ks_cpu, grouped_layout, c, kind="bf16", compiled_dims=compiled_dims,
+                          use_psum_layout=use_psum_layout)
+    return run_k_grouped(plan)
+
+
+__all__ = [
+    "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous",
+    "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_gemm_nn_contiguous",
+    "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nn_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_masked", "m_grouped_fp8_gemm_nt_masked", "m_grouped_bf16_gemm_nt_masked",
+    "fp8_m_grouped_gemm_nt_masked", "bf16_m_grouped_gemm_nt_masked",
+    "k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous", "k_grouped_bf16_gemm_tn_contiguous",
+]
