@@ -597,12 +597,14 @@ bf16_m_grouped_gemm_nt_masked = m_grouped_bf16_gemm_nt_masked
 
 @dataclass
 class KGroupedPlan:
-    """A checked K-grouped call: group g reduces over K rows [k_start[g], k_start[g] + ks[g]) of A [K, M] and
-    B [K, N] (MN-major) into D[g] [M, N] (fp32), starting from C[g] (or zeros)."""
+    """A checked K-grouped call: group g reduces over K [k_start[g], k_start[g] + ks[g]) of A [K, M] and B [K, N]
+    into D[g] [M, N] (fp32), starting from C[g] (or zeros)."""
 
     kind: str
-    a_phys: np.ndarray  # [K_total, M] storage dtype
-    b_phys: np.ndarray  # [K_total, N]
+    a_phys: np.ndarray  # storage dtype: [K_total, M] (MN-major) or [M, K_total] (K-major)
+    b_phys: np.ndarray  # [K_total, N] or [N, K_total]
+    major_a: str
+    major_b: str
     sfa: np.ndarray | None  # C-contiguous int16 [ceil(K_total/64), M]
     sfb: np.ndarray | None
     d: np.ndarray  # fp32 [G, M, N]
@@ -612,6 +614,12 @@ class KGroupedPlan:
     k_start: np.ndarray
     ks: np.ndarray
     compiled_dims: str
+
+    def group_phys(self, g: int, which: str) -> np.ndarray:
+        """Physical storage of group g's slice of A or B (rows of MN-major storage, columns of K-major)."""
+        k0, kg = int(self.k_start[g]), int(self.ks[g])
+        phys, major = (self.a_phys, self.major_a) if which == "a" else (self.b_phys, self.major_b)
+        return phys[k0:k0 + kg] if major == "mn" else phys[:, k0:k0 + kg]
 
 
 def plan_k_grouped(a, b, d, ks_cpu, grouped_layout, c, *, kind, recipe=(1, 1, 32), compiled_dims="mn",
@@ -623,13 +631,14 @@ def plan_k_grouped(a, b, d, ks_cpu, grouped_layout, c, *, kind, recipe=(1, 1, 32
     else:
         a_arr, sfa = _split_pair(a, "a")
         b_arr, sfb = _split_pair(b, "b")
+    majors = {}
     for name, x in (("a", a_arr), ("b", b_arr)):
         _kind_of(x, name, (kind,))
         if x.ndim != 2:
             raise ValueError(f"{name} must be 2-D [K_total, {'M' if name == 'a' else 'N'}], got {x.shape=}")
-        if x.size and contiguous_axis(x, name) != 1:
-            raise ValueError(f"{name} must be MN-major (unit stride along {'M' if name == 'a' else 'N'}), "
-                             f"got strides(bytes)={x.strides}")
+        # NOTES: [K_total, MN] with unit stride along MN is the MN-major layout of upstream's tn form; the K-major
+        # one (what the deprecated nt form passes on) is taken too: each group is then a column slice.
+        majors[name] = "mn" if contiguous_axis(x, name) == 1 else "k"
     if a_arr.shape[0] != b_arr.shape[0]:
         raise ValueError(f"A and B disagree on K_total: a.shape={a_arr.shape} b.shape={b_arr.shape}")
     k_total, m = a_arr.shape
@@ -692,8 +701,10 @@ def plan_k_grouped(a, b, d, ks_cpu, grouped_layout, c, *, kind, recipe=(1, 1, 32
             else:
                 sfb_phys = phys
     storage = _STORAGE[kind]
-    return KGroupedPlan(kind, a_arr.view(storage), b_arr.view(storage), sfa_phys, sfb_phys, d, c, m, n,
-                        starts, sizes, dims)
+    a_phys = a_arr.view(storage) if majors["a"] == "mn" else a_arr.T.view(storage)
+    b_phys = b_arr.view(storage) if majors["b"] == "mn" else b_arr.T.view(storage)
+    return KGroupedPlan(kind, a_phys, b_phys, majors["a"], majors["b"], sfa_phys, sfb_phys, d, c, m, n, starts,
+                        sizes, dims)
 
 
 def run_k_grouped(plan: KGroupedPlan, reference: bool = False):
@@ -709,8 +720,8 @@ def run_k_grouped(plan: KGroupedPlan, reference: bool = False):
     if not reference and live:
         num_ai_cores, arch = runtime.get_num_ai_cores(), runtime.get_arch_spec()
         desc = GemmDesc(m=m, n=n, k=max(int(plan.ks.sum()), len(live)), a_dtype=plan.kind, b_dtype=plan.kind,
-                        out_dtype="fp32", gemm_type="k_grouped_contiguous", num_groups=len(live), major_a="mn",
-                        major_b="mn", with_accumulation=True, num_ai_cores=num_ai_cores)
+                        out_dtype="fp32", gemm_type="k_grouped_contiguous", num_groups=len(live),
+                        major_a=plan.major_a, major_b=plan.major_b, with_accumulation=True, num_ai_cores=num_ai_cores)
         config = get_best_config(desc, arch)
     if runtime.get_dry_run() and not reference:
         for g in live[:1]:
@@ -723,8 +734,8 @@ def run_k_grouped(plan: KGroupedPlan, reference: bool = False):
     for g in live:
         if reference:
             k0, kg = int(plan.k_start[g]), int(plan.ks[g])
-            a = _values(plan.a_phys[k0:k0 + kg], plan.kind, "mn", m, kg)
-            b = _values(plan.b_phys[k0:k0 + kg], plan.kind, "mn", n, kg)
+            a = _values(plan.group_phys(g, "a"), plan.kind, plan.major_a, m, kg)
+            b = _values(plan.group_phys(g, "b"), plan.kind, plan.major_b, n, kg)
             if plan.sfa is not None:
                 a = a * _scales(plan.sfa[k0 // 64:k0 // 64 + ceil_div(kg, 64)], m, kg)
                 b = b * _scales(plan.sfb[k0 // 64:k0 // 64 + ceil_div(kg, 64)], n, kg)
@@ -738,20 +749,19 @@ def _k_group_launch(plan: KGroupedPlan, g: int, config) -> None:
     # NOTES: one launch per non-empty group of the dense schedule over that group's K range, accumulating into
     # D[g] (K is a runtime dim, so every group shares one kernel; the config is the K-grouped problem's).
     k0, kg = int(plan.k_start[g]), int(plan.ks[g])
-    a_g = plan.a_phys[k0:k0 + kg]
-    b_g = plan.b_phys[k0:k0 + kg]
+    a_g, b_g = plan.group_phys(g, "a"), plan.group_phys(g, "b")
     d_g = plan.d[g]
     common = dict(with_accumulation=True, alpha=1.0, compiled_dims=plan.compiled_dims, config=config)
     if plan.kind == "bf16":
         from ..kernels.bf16_gemm import launch_bf16_gemm
 
-        launch_bf16_gemm(a_g, "mn", b_g, "mn", d_g, plan.m, plan.n, kg, **common)
+        launch_bf16_gemm(a_g, plan.major_a, b_g, plan.major_b, d_g, plan.m, plan.n, kg, **common)
         return
     from ..kernels.fp8_gemm import launch_fp8_gemm
 
     sl = slice(k0 // 64, k0 // 64 + ceil_div(kg, 64))
-    launch_fp8_gemm(a_g, "mn", "fp8", plan.sfa[sl], b_g, "mn", "fp8", plan.sfb[sl], d_g, plan.m, plan.n, kg,
-                    **common)
+    launch_fp8_gemm(a_g, plan.major_a, "fp8", plan.sfa[sl], b_g, plan.major_b, "fp8", plan.sfb[sl], d_g, plan.m,
+                    plan.n, kg, **common)
 
 
 def k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, recipe=(1, 1, 32),
@@ -759,10 +769,10 @@ def k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, re
     """K-grouped GEMM (MoE weight gradients): D[g] = C[g] + dequant(A_g)^T @ dequant(B_g) for every group g.
 
     a = (A float8_e4m3fn [K_total, M], sfa [M, ceil(K_total/gran_k)] fp32 or int16 [M, ceil(K_total/64)] required
-    layout), b = (B [K_total, N], sfb [N, ...]), both MN-major; d float32 [G, M, N]; c required (float32 [G, M, N],
-    or c=d). ``grouped_layout`` int32 [G]: cumulative K ends (group g's K rows start at align(end[g-1], 256)), or with
-    ``use_psum_layout=False`` the K of each group (multiples of 256, summing to K_total). ``ks_cpu``: None or the
-    per-group K list (checked against the layout). Empty groups give D[g] = C[g].
+    layout), b = (B [K_total, N], sfb [N, ...]), MN-major (K-major taken too); d float32 [G, M, N]; c required
+    (float32 [G, M, N], or c=d). ``grouped_layout`` int32 [G]: cumulative K ends (group g's K rows start at
+    align(end[g-1], 256)), or with ``use_psum_layout=False`` the K of each group (multiples of 256, summing to
+    K_total). ``ks_cpu``: None or the per-group K list (checked against the layout). Empty groups give D[g] = C[g].
     """
     plan = plan_k_grouped(a, b, d, ks_cpu, grouped_layout, c, kind="fp8", recipe=recipe, compiled_dims=compiled_dims,
                           use_psum_layout=use_psum_layout)

@@ -7,6 +7,7 @@ from .generators import (
     bf16_operand,
     fp4_operand,
     fp8_operand,
+    grouped_layouts,
     random_fp4_codes,
     random_fp8_codes,
     random_sf,
@@ -20,5 +21,6 @@ __all__ = [
     "dequantize_fp8", "dequantize_fp4", "reference_gemm",
     "bench", "bench_paired", "PairedTiming", "par_compile",
     "fp8_operand", "fp4_operand", "bf16_operand", "random_fp8_codes", "random_fp4_codes", "random_sf",
+    "grouped_layouts",
     "FP8_SF_CHOICES", "FP4_SF_CHOICES",
 ]

@@ -68,3 +68,24 @@ def bf16_operand(rng: np.random.Generator, mn: int, k: int, major: str = "k") ->
     """bfloat16 [mn, k] of standard normal values in ``major`` storage."""
     _check(mn, k, major)
     return _store(rng.standard_normal((mn, k), dtype=np.float32).astype(BF16_DTYPE), major)
+
+
+def grouped_layouts(group_sizes, alignment: int = 256, extra_rows: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
+    """Both M-grouped contiguous layouts of groups with ``group_sizes`` rows: (psum int32 [G], per-row int32 [M],
+    M). Group g starts at the running total aligned to ``alignment``; the rows between groups (and ``extra_rows``
+    at the end) are padding (-1 in the per-row layout)."""
+    sizes = [int(s) for s in group_sizes]
+    if any(s < 0 for s in sizes) or not sizes:
+        raise ValueError(f"group_sizes must be a non-empty list of non-negative ints, got {group_sizes!r}")
+    psum, starts, total = [], [], 0
+    for s in sizes:
+        start = -(-total // alignment) * alignment
+        starts.append(start)
+        if s:
+            total = start + s
+        psum.append(total)
+    m = total + int(extra_rows)
+    per_row = np.full(m, -1, np.int32)
+    for g, (start, s) in enumerate(zip(starts, sizes, strict=True)):
+        per_row[start:start + s] = g
+    return np.array(psum, np.int32), per_row, m
