@@ -13,7 +13,16 @@ from dataclasses import dataclass
 
 from . import runtime
 from .heuristics.arch import ARCHS, ArchSpec, get_arch
-from .heuristics.config import DTYPE_BITS, DTYPE_PAIRS, GEMM_TYPES, OUT_DTYPE_BYTES, GemmConfig, GemmDesc, cube_dtype
+from .heuristics.config import (
+    DTYPE_BITS,
+    DTYPE_PAIRS,
+    GEMM_TYPES,
+    OUT_DTYPE_BYTES,
+    GemmConfig,
+    GemmDesc,
+    cube_dtype,
+    layout_problem,
+)
 from .heuristics.select import get_best_config_and_cost
 
 DTYPES = tuple(DTYPE_BITS)
@@ -133,6 +142,8 @@ def estimate_gemm(
     out_dtype: str = "bf16",
     arch: str | ArchSpec | None = None,
     num_ai_cores: int | None = None,
+    group_sizes: list[int] | None = None,
+    ks: list[int] | None = None,
 ) -> GemmEstimate:
     """Modelled chip time of D[m, n] = A[m, k] @ B[n, k]^T with the config ``get_best_config`` would pick.
 
@@ -141,6 +152,11 @@ def estimate_gemm(
     with its own B); "k_grouped_contiguous" (k = total K, one M x N output per group); "batched"
     (``num_groups`` independent m x n x k GEMMs). ``arch`` and ``num_ai_cores`` default to
     ``deep_gemm.runtime`` (``get_arch_spec``, ``get_num_ai_cores``; env DG_NPU_ARCH, DG_NUM_AI_CORES).
+
+    The actual layout of one call instead of the num_groups shortcut: ``group_sizes`` (M-grouped contiguous: the
+    real rows of each group; masked: masked_m) with m = their sum, or ``ks`` (K-grouped: each group's K) with
+    k = their sum; num_groups is then len(layout) (or left at 1). Empty groups cost nothing and the others are
+    modelled at their mean size (``heuristics.config.layout_problem``), as the grouped kernels plan their config.
     """
     # Argument checks
     m, n, k = _check_size("m", m), _check_size("n", n), _check_size("k", k)
@@ -160,6 +176,23 @@ def estimate_gemm(
         raise ValueError(f"m={m} must be >= num_groups={num_groups} for {gemm_type} (m is the total rows)")
     if gemm_type == "k_grouped_contiguous" and k < num_groups:
         raise ValueError(f"k={k} must be >= num_groups={num_groups} for {gemm_type} (k is the total K)")
+    model_m, model_k, model_groups = m, k, num_groups
+    for name, layout, kinds, total, total_name in (
+            ("group_sizes", group_sizes, ("m_grouped_contiguous", "m_grouped_masked"), m, "m"),
+            ("ks", ks, ("k_grouped_contiguous",), k, "k")):
+        if layout is None:
+            continue
+        if gemm_type not in kinds:
+            raise ValueError(f"{name} is a layout of gemm_type in {kinds}, got gemm_type={gemm_type!r}")
+        if not isinstance(layout, (list, tuple)) or not all(
+                isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in layout):
+            raise TypeError(f"{name} must be a list of ints, got {layout!r}")
+        if num_groups not in (1, len(layout)):
+            raise ValueError(f"num_groups={num_groups} disagrees with len({name})={len(layout)}")
+        if sum(layout) != total:
+            raise ValueError(f"{total_name}={total} must be the sum of {name}={list(layout)} ({sum(layout)})")
+        num_groups = len(layout)
+        model_m, model_k, model_groups = layout_problem(gemm_type, m, k, group_sizes, ks)
 
     _check_addressable(m, n, k, a_dtype, b_dtype, out_dtype, gemm_type, num_groups)
 
@@ -183,7 +216,7 @@ def estimate_gemm(
             raise ValueError(f"num_ai_cores={cores} must be in [1, {spec.num_ai_cores}] for arch {spec.name}")
 
     # Model
-    desc = GemmDesc(m, n, k, a_dtype, b_dtype, out_dtype, gemm_type, num_groups, num_ai_cores=cores)
+    desc = GemmDesc(model_m, n, model_k, a_dtype, b_dtype, out_dtype, gemm_type, model_groups, num_ai_cores=cores)
     config, cost = get_best_config_and_cost(desc, spec)
     peak = spec.peak_flops(cube_dtype(a_dtype, b_dtype))
     flops_per_s = cost.flops / cost.time_s
@@ -217,11 +250,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gemm-type", default="normal", choices=GEMM_TYPES)
     parser.add_argument("--groups", type=_cli_int("--groups"), default=1,
                         help="groups / batches for the grouped kinds")
+    parser.add_argument("--group-sizes", default=None,
+                        help="M-grouped: comma-separated real rows (or masked_m) per group, summing to M")
+    parser.add_argument("--ks", default=None, help="K-grouped: comma-separated K per group, summing to K")
     args = parser.parse_args(argv)
     try:
+        layouts = {}
+        for name in ("group_sizes", "ks"):
+            text = getattr(args, name)
+            if text is not None:
+                try:
+                    layouts[name] = [int(v) for v in text.split(",")]
+                except ValueError:
+                    raise ValueError(f"--{name.replace('_', '-')} must be comma-separated ints, got {text!r}") from None
         est = estimate_gemm(
             args.m, args.n, args.k, args.dtype, args.b_dtype or args.dtype, num_groups=args.groups,
-            gemm_type=args.gemm_type, out_dtype=args.out_dtype, arch=args.arch, num_ai_cores=args.cores,
+            gemm_type=args.gemm_type, out_dtype=args.out_dtype, arch=args.arch, num_ai_cores=args.cores, **layouts,
         )
     except (ValueError, TypeError) as e:
         parser.error(str(e))

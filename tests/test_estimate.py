@@ -135,3 +135,36 @@ def test_cli_bad_input_is_one_line_exit_2(argv, match):
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("python -m deep_gemm.estimate: error: "), run.stderr
     assert re.search(match, lines[0]), lines[0]
+
+
+def test_grouped_layouts_per_call():
+    # the actual layout: empty groups cost nothing, the rest are modelled at their mean size
+    with_empty = estimate_gemm(4096, 4096, 7168, gemm_type="m_grouped_contiguous", group_sizes=[2048, 0, 0, 2048],
+                               arch="950DT")
+    two = estimate_gemm(4096, 4096, 7168, gemm_type="m_grouped_contiguous", num_groups=2, arch="950DT")
+    assert with_empty.num_groups == 4 and with_empty.time_us == pytest.approx(two.time_us)
+    assert with_empty.flops == 2.0 * 4096 * 4096 * 7168
+    masked = estimate_gemm(24, 4096, 7168, gemm_type="m_grouped_masked", group_sizes=[8, 16, 0, 0], arch="950DT")
+    assert masked.time_us == pytest.approx(estimate_gemm(24, 4096, 7168, gemm_type="m_grouped_masked",
+                                                         num_groups=2, arch="950DT").time_us)
+    k_grouped = estimate_gemm(256, 512, 1024, gemm_type="k_grouped_contiguous", ks=[512, 0, 512], arch="950DT")
+    assert k_grouped.num_groups == 3 and k_grouped.flops == 2.0 * 256 * 512 * 1024
+    with pytest.raises(ValueError, match=r"m=100 must be the sum of group_sizes=\[2048, 0\]"):
+        estimate_gemm(100, 4096, 7168, gemm_type="m_grouped_contiguous", group_sizes=[2048, 0])
+    with pytest.raises(ValueError, match=r"group_sizes\[1\]=-1 is negative"):
+        estimate_gemm(1, 4096, 7168, gemm_type="m_grouped_masked", group_sizes=[2, -1])
+    with pytest.raises(ValueError, match="ks is a layout of gemm_type"):
+        estimate_gemm(1, 4096, 7168, ks=[7168])
+    with pytest.raises(ValueError, match="num_groups=3 disagrees with len"):
+        estimate_gemm(4, 4096, 7168, gemm_type="m_grouped_masked", group_sizes=[2, 2], num_groups=3)
+
+
+def test_cli_grouped_kinds(capsys):
+    assert main(["8192", "4096", "7168", "--gemm-type", "m_grouped_contiguous", "--group-sizes",
+                 "4096,0,2048,2048"]) == 0
+    out = capsys.readouterr().out
+    assert "m_grouped_contiguous x 4 groups" in out and "modelled" in out
+    assert main(["256", "512", "1024", "--gemm-type", "k_grouped_contiguous", "--ks", "512,512"]) == 0
+    assert "k_grouped_contiguous x 2 groups" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["8", "4096", "7168", "--gemm-type", "m_grouped_masked", "--group-sizes", "4,x"])

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import runtime
+from ..heuristics.config import layout_problem
 from ..kernels.common import GroupedLayout
 from ..utils.formats import bf16_bits_to_fp32, decode_e2m1, decode_e4m3, fp32_to_bf16_bits, unpack_fp4
 from ..utils.layout import transform_k_grouped_sf_into_required_layout, transform_sf_into_required_layout
@@ -423,9 +424,10 @@ def plan_m_grouped_contiguous(a, b, d, grouped_layout, *, kinds, nn, recipe=None
         model_m, model_groups = expected * num_groups, num_groups
     else:
         # NOTES: the host knows the real layout here (it checked it): the heuristic plans for the real rows of the
-        # non-empty groups, which is what the schedule walks.
-        model_groups = max(1, int(np.count_nonzero(sizes)))
-        model_m = max(int(sizes.sum()), model_groups)
+        # non-empty groups, which is what the schedule walks (the same desc estimate_gemm builds for this layout).
+        model_m, model_groups = 0, 1
+        if sizes.sum():
+            model_m, _, model_groups = layout_problem("m_grouped_contiguous", m, k, group_sizes=sizes.tolist())
 
     # Scale factors
     sfa_phys = sfb_phys = None

@@ -207,3 +207,26 @@ def config_violations(desc: GemmDesc, config: GemmConfig, arch: ArchSpec) -> lis
     if desc.gemm_type == "m_grouped_contiguous" and c.block_m != M_GROUPED_BLOCK_M:
         bad.append(f"block_m={c.block_m} must be {M_GROUPED_BLOCK_M} for m_grouped_contiguous")
     return bad
+
+
+def layout_problem(gemm_type: str, m: int, k: int, group_sizes=None, ks=None) -> tuple[int, int, int]:
+    """(m, k, num_groups) a GemmDesc models for an actual grouped layout (the desc-level view of it).
+
+    ``group_sizes`` (M-grouped kinds: each group's real rows, or masked_m) or ``ks`` (K-grouped: each group's K):
+    empty groups are dropped (the schedule gives them no tile) and the rest are modelled at their mean size, so
+    m (k) becomes the real total and num_groups the count of non-empty groups. Without a layout, (m, k, None).
+    Raises ValueError naming the argument for negative sizes or a layout with no work.
+    """
+    sizes, name = (group_sizes, "group_sizes") if group_sizes is not None else (ks, "ks")
+    if sizes is None:
+        return m, k, None
+    sizes = [int(s) for s in sizes]
+    bad = [i for i, s in enumerate(sizes) if s < 0]
+    if bad:
+        raise ValueError(f"{name}[{bad[0]}]={sizes[bad[0]]} is negative")
+    live = [s for s in sizes if s]
+    if not live:
+        raise ValueError(f"{name}={sizes} has no non-empty group: nothing to model")
+    if name == "ks":
+        return m, sum(live), len(live)
+    return sum(live), k, len(live)

@@ -51,3 +51,53 @@ def test_leftovers():
 def test_tile_order_rejects_bad_sizes():
     with pytest.raises(ValueError, match="num_n_blocks=0"):
         scheduler.tile_order(2, 0)
+
+
+# M-grouped schedule: only real tiles, none straddling two groups
+
+
+def _covered_rows(order, block_m, n_blocks):
+    """{(row, n_block)} covered by a grouped tile order (each tile: first row, N block, group, end row)."""
+    covered = []
+    for row0, nb, g, end in order.tolist():
+        covered.extend((r, nb, g) for r in range(row0, min(row0 + block_m, end)))
+    return covered
+
+
+@pytest.mark.parametrize("block_m", [16, 64, 256])
+@pytest.mark.parametrize("num_cores", [1, 7, 32])
+def test_grouped_order_walks_exactly_the_real_rows(block_m, num_cores):
+    starts = np.array([0, 256, 256, 512, 1024, 1280], np.int32)
+    rows = np.array([5, 0, 1, 300, 0, 256], np.int32)  # empty groups, a 1-row group, one of 300 rows
+    n_blocks = 3
+    order = scheduler.grouped_tile_order(starts, rows, 1 << 20, n_blocks, block_m, 4, num_cores)
+    expected_tiles = sum(-(-int(r) // block_m) for r in rows) * n_blocks
+    assert len(order) == expected_tiles  # empty groups and padding cost nothing
+    covered = _covered_rows(order, block_m, n_blocks)
+    want = [(r, nb, g) for g, (s, n) in enumerate(zip(starts, rows, strict=True)) for r in range(s, s + n)
+            for nb in range(n_blocks)]
+    assert sorted(covered) == sorted(want)  # every real (row, N block) exactly once
+    for row0, _, g, end in order.tolist():
+        assert starts[g] <= row0 < end == starts[g] + rows[g]  # no M block straddles two groups
+
+
+def test_grouped_rows_are_clamped_like_masked_m():
+    # masked kind: group g at g * max_m, rows = masked_m[g] clamped to [0, max_m] (garbage cannot escape a group)
+    max_m, block_m = 40, 16
+    starts = np.arange(4, dtype=np.int32) * max_m
+    masked_m = np.array([-3, 0, 99, 17], np.int32)
+    order = scheduler.grouped_tile_order(starts, masked_m, max_m, 2, block_m, 4, 32)
+    rows = {g: set() for g in range(4)}
+    for row0, _, g, end in order.tolist():
+        rows[g].update(range(row0, end if row0 + block_m > end else row0 + block_m))
+    assert rows[0] == set() and rows[1] == set()
+    assert rows[2] == set(range(80, 120)) and rows[3] == set(range(120, 137))
+
+
+def test_grouped_order_inside_a_group_is_the_dense_order():
+    order = scheduler.grouped_tile_order(np.array([0, 512], np.int32), np.array([512, 1024], np.int32), 1 << 20,
+                                         16, 64, 4, 32)
+    first = order[order[:, 2] == 0]
+    dense = scheduler.tile_order(8, 16, 4, 32)
+    np.testing.assert_array_equal(first[:, 0] // 64, dense[:, 0])
+    np.testing.assert_array_equal(first[:, 1], dense[:, 1])
