@@ -1,8 +1,9 @@
 """The on-disk kernel cache: where it lives, how a key is computed, how entries are published, checked and cleared.
 
 An entry is an immutable directory ``<root>/cache/<name>.<digest>/`` (kernel.asc, kernel.py, meta.json, and
-numba's ``__pycache__``), built in ``<root>/tmp/<uuid>/`` and published with one ``os.rename``. Knows nothing of
-rendering, translating or numba compiling (compile.py does those).
+numba's ``__pycache__``), built in ``<root>/tmp/<pid>-<uuid>/`` and published with one ``os.rename``. meta.json
+carries its own checksum and the sha256 of kernel.asc and kernel.py; numba's files are vouched for by their own
+manifest (numba_cache.py). Knows nothing of rendering, translating or numba compiling (compile.py does those).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import functools
 import hashlib
 import json
 import os
-import pickle
 import platform
 import shutil
 import sys
@@ -24,7 +24,8 @@ from pathlib import Path
 
 from .. import envs
 
-META_VERSION = 1
+META_VERSION = 2  # 2: meta.json carries its own checksum
+SHARED_NUMBA_DIR = "numba"  # <root>/numba/: numba's files of deep_gemm's device modules (numba_cache.py)
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -32,15 +33,16 @@ _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
 
 class CacheRoots:
-    """Where entries are written (``write``) and the extra read-only roots searched first (``read_only``)."""
+    """Where entries are written (``write``; None when no root is writable: kernels are then built in memory) and
+    the extra read-only roots searched first (``read_only``)."""
 
-    def __init__(self, write: Path, read_only: tuple[Path, ...] = ()):
+    def __init__(self, write: Path | None, read_only: tuple[Path, ...] = ()):
         self.write = write
         self.read_only = read_only
 
     @property
     def search(self) -> tuple[Path, ...]:
-        return (*self.read_only, self.write)
+        return (*self.read_only, self.write) if self.write is not None else self.read_only
 
     def __repr__(self) -> str:
         return f"CacheRoots(write={str(self.write)!r}, read_only={[str(p) for p in self.read_only]})"
@@ -97,15 +99,22 @@ def _candidates() -> list[tuple[str, Path]]:
 @functools.lru_cache(maxsize=8)
 def _resolve_roots(env_value: str | None) -> CacheRoots:
     read_only: list[Path] = []
+    skipped: list[str] = []
     candidates = _candidates()
     for i, (origin, path) in enumerate(candidates):
         if _probe_writable(path):
+            if skipped:
+                warn_once(f"root:{skipped}", f"kernel cache root {', '.join(skipped)} is not writable; new kernels "
+                                             f"go to {path}")
             return CacheRoots(path, tuple(read_only))
         if i == 0 and (path / "cache").is_dir():
             read_only.append(path)  # still worth reading: entries someone else built
-        warn_once(f"root:{path}", f"kernel cache root {path} ({origin}) is not writable; new kernels go to "
-                                  f"{candidates[i + 1][1] if i + 1 < len(candidates) else '?'}")
-    raise OSError(f"no writable kernel cache directory among {[str(p) for _, p in candidates]}")
+        skipped.append(f"{path} ({origin})")
+    # NOTES: a cache that cannot be written never fails a call: kernels are compiled in memory instead.
+    warn_once("cache-unwritable", f"no writable kernel cache directory among {', '.join(skipped)}; kernels are "
+                                  "compiled in memory for this process (correct, but compiled again by the next "
+                                  "process). Point DG_JIT_CACHE_DIR at a writable directory")
+    return CacheRoots(None, tuple(read_only))
 
 
 def cache_roots() -> CacheRoots:
@@ -115,8 +124,11 @@ def cache_roots() -> CacheRoots:
 
 
 def cache_root() -> Path:
-    """The root new entries are written to."""
-    return cache_roots().write
+    """The root new entries are written to. Raises OSError when no root is writable."""
+    root = cache_roots().write
+    if root is None:
+        raise OSError("no writable kernel cache directory (see the warning above); pass a root explicitly")
+    return root
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -201,71 +213,66 @@ def write_file(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
+class EntryProblem(Exception):
+    """What is wrong with a cache entry (the text is for the warning)."""
+
+
+def meta_checksum(meta: dict) -> str:
+    """sha256 of meta.json's content without its ``checksum`` field (canonical JSON)."""
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def meta_text(meta: dict) -> str:
+    """meta.json's text: ``meta`` plus its own checksum."""
+    return json.dumps({**meta, "checksum": meta_checksum(meta)}, indent=1, sort_keys=True)
+
+
+def load_entry(path: Path, name: str, digest: str) -> tuple[dict, bytes]:
+    """(meta, kernel.py bytes) of a complete, consistent entry, read once and verified: meta.json against its own
+    checksum, kernel.asc and kernel.py against the sha256 it records. Raises EntryProblem naming what is wrong
+    (a missing, unreadable or edited file, or a path that is not a directory)."""
+    if not path.is_dir():
+        raise EntryProblem("it is not a directory")
+    try:
+        raw = (path / "meta.json").read_bytes()
+    except FileNotFoundError:
+        raise EntryProblem("meta.json is missing") from None
+    except OSError as e:
+        raise EntryProblem(f"meta.json is unreadable ({type(e).__name__}: {e})") from e
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except ValueError as e:
+        raise EntryProblem(f"meta.json is unreadable ({type(e).__name__}: {e})") from e
+    if not isinstance(meta, dict) or meta.get("checksum") != meta_checksum(meta):
+        raise EntryProblem("meta.json does not match its own checksum (damaged, or written by an older deep_gemm)")
+    if meta.get("digest") != digest or meta.get("name") != name:
+        raise EntryProblem("meta.json does not describe this entry")
+    files = meta.get("files") if isinstance(meta.get("files"), dict) else {}
+    contents = {}
+    for fname in ("kernel.asc", "kernel.py"):
+        try:
+            contents[fname] = (path / fname).read_bytes()
+        except FileNotFoundError:
+            raise EntryProblem(f"{fname} is missing") from None
+        except OSError as e:
+            raise EntryProblem(f"{fname} is unreadable ({type(e).__name__}: {e})") from e
+        if files.get(fname) != hashlib.sha256(contents[fname]).hexdigest():
+            raise EntryProblem(f"{fname} does not match the hash recorded in meta.json (truncated or edited)")
+    return meta, contents["kernel.py"]
+
+
 def check_entry(path: Path, name: str, digest: str) -> str | None:
     """None when the entry is complete and consistent, else what is wrong with it (for the warning)."""
-    meta_path = path / "meta.json"
-    if not meta_path.is_file():
-        return "meta.json is missing"
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        return f"meta.json is unreadable ({e})"
-    if not isinstance(meta, dict) or meta.get("digest") != digest or meta.get("name") != name:
-        return "meta.json does not describe this entry"
-    files = meta.get("files", {})
-    for fname in ("kernel.asc", "kernel.py"):
-        fpath = path / fname
-        if not fpath.is_file():
-            return f"{fname} is missing"
-        if files.get(fname) != file_sha256(fpath):
-            return f"{fname} does not match the hash recorded in meta.json (truncated or edited)"
+        load_entry(path, name, digest)
+    except EntryProblem as e:
+        return str(e)
     return None
 
 
 def read_meta(path: Path) -> dict:
     return json.loads((path / "meta.json").read_text(encoding="utf-8"))
-
-
-def numba_cache_problem(path: Path) -> str | None:
-    """None when numba's index files in the entry's __pycache__ are readable, else the problem.
-
-    NOTES: numba unpickles its index without guarding against garbage, so a damaged .nbi file would surface as
-    an UnpicklingError at the first call; checking the (small) index files here turns that into a rebuild. The
-    index layout is numba's private format: with another numba release nothing is checked here (compile.py still
-    repairs a damaged index when numba raises on it).
-    """
-    import numba
-
-    from .numba_setup import numba_internals_known
-
-    pycache = path / "__pycache__"
-    if not pycache.is_dir() or not numba_internals_known():
-        return None
-    for index in sorted(pycache.glob("*.nbi")):
-        try:
-            with open(index, "rb") as f:
-                version = pickle.load(f)
-                rest = f.read()
-            if version != numba.__version__:
-                continue
-            stamp, overloads = pickle.loads(rest)
-            if not isinstance(overloads, dict):
-                return f"{index.name} has an unexpected layout"
-            for data_name in overloads.values():
-                data = pycache / data_name
-                if not data.is_file() or data.stat().st_size == 0:
-                    return f"{index.name} refers to a missing or empty {data_name}"
-        except Exception as e:  # noqa: BLE001 - any failure to read it means the same thing
-            return f"{index.name} is unreadable ({type(e).__name__}: {e})"
-    return None
-
-
-def clear_numba_cache(path: Path) -> None:
-    """Remove numba's index and data files of an entry (they are derived data and are rebuilt on next call)."""
-    pycache = path / "__pycache__"
-    if pycache.is_dir():
-        for f in list(pycache.glob("*.nbi")) + list(pycache.glob("*.nbc")):
-            f.unlink(missing_ok=True)
 
 
 def publish(tmp_dir: Path, final: Path) -> bool:
@@ -283,16 +290,30 @@ def publish(tmp_dir: Path, final: Path) -> bool:
 
 
 def move_aside(root: Path, path: Path) -> None:
-    """Move a corrupt entry out of cache/ (to tmp/, then delete it). If it is already gone another process did
-    it; the caller then rebuilds or uses whatever is published."""
+    """Move whatever sits at an entry's path (a corrupt entry, a plain file) out of cache/ into tmp/, then delete
+    it. If it is already gone another process did it; the caller then rebuilds or uses whatever is published.
+    Raises OSError when it cannot be moved (a read-only root); what cannot be deleted stays in tmp/ for
+    clear_cache.py."""
     trash = root / "tmp" / f"{uuid.uuid4().hex}.corrupt"
     trash.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
+    if os.path.lexists(path):
         try:
             os.rename(path, trash)
         except FileNotFoundError:
             return
-        shutil.rmtree(trash, ignore_errors=True)
+        remove_path(trash)
+
+
+def remove_path(path: Path) -> bool:
+    """Remove a file, symlink or directory tree; True when nothing is left."""
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError:
+        pass
+    return not os.path.lexists(path)
 
 
 def list_entries(root: Path | None = None) -> list[Path]:
@@ -302,19 +323,20 @@ def list_entries(root: Path | None = None) -> list[Path]:
 
 
 def clear(root: Path | None = None, name: str | None = None, dry_run: bool = False) -> list[Path]:
-    """Remove cache entries (all, or those of kernel ``name``) and leftover tmp/ builds. Returns what was (or,
-    with dry_run, would be) removed. Processes holding a kernel keep running; they rebuild on their next miss."""
+    """Remove whatever sits in the cache: entries and anything else at an entry path (all, or those of kernel
+    ``name``), and, when ``name`` is None, leftover tmp/ builds, moved-aside entries and numba's files of the
+    device modules (numba/). Returns what was (or, with dry_run, would be) removed. Processes holding a kernel keep
+    running; they rebuild on their next miss."""
     root = root if root is not None else cache_root()
-    targets = [p for p in list_entries(root) if name is None or p.name.rsplit(".", 1)[0] == name]
-    tmp = root / "tmp"
-    if name is None and tmp.is_dir():
-        targets += sorted(p for p in tmp.iterdir() if not p.name.startswith(".probe-"))
+    cache_dir = root / "cache"
+    targets = sorted(p for p in cache_dir.iterdir() if name is None or p.name.rsplit(".", 1)[0] == name) \
+        if cache_dir.is_dir() else []
+    if name is None:
+        for sub in ("tmp", SHARED_NUMBA_DIR):
+            if (root / sub).is_dir():
+                targets += sorted((root / sub).iterdir())
     if not dry_run:
-        for p in targets:
-            if p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
+        targets = [p for p in targets if remove_path(p)]
     return targets
 
 

@@ -1,26 +1,31 @@
 """build(): template + constants -> a loaded, numba-compiled kernel, through the in-process and on-disk caches.
 
-render (render.py) -> key (cache.py) -> memory hit | disk hit | translate (translate/) + publish -> import
-kernel.py -> numba compiles (or loads its own cache) at the first call. Compile events are observable (stats(),
+render (render.py) -> key (cache.py) -> memory hit | verified disk hit | translate (translate/) + publish ->
+execute the verified kernel.py -> numba compiles (or loads its verified cache, numba_cache.py) at the first call.
+A cache that cannot be written falls back to a kernel built in memory. Compile events are observable (stats(),
 add_listener()). Knows nothing of GEMM.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import contextlib
+import hashlib
 import json
+import linecache
 import os
-import pickle
+import shutil
+import signal
 import sys
 import threading
 import time
+import types
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 from .. import envs
-from . import cache
-from .errors import CacheCorruptError, CompileError, JITError, RenderError, TranslateError
+from . import cache, numba_cache
+from .errors import CompileError, JITError, RenderError, TranslateError
 from .numba_setup import KERNEL_MODULE_MARK, apply_numba_settings
 from .render import normalize_constants, render
 
@@ -36,8 +41,9 @@ _lock = threading.RLock()
 
 def stats() -> dict[str, int]:
     """Counts of JIT events in this process: memory_hit, disk_hit, build (rendered + translated + published),
-    publish_lost (another process published the key first), corrupt (entry rebuilt), numba_compile (an entry
-    function compiled by numba), numba_cache_load (loaded from numba's cache), numba_compile_helper."""
+    build_in_memory (the cache could not be written), publish_lost (another process published the key first),
+    corrupt (an entry or numba cache file that did not verify, rebuilt), cache_write_failed, numba_compile (an
+    entry function compiled by numba), numba_cache_load (loaded from numba's cache), numba_compile_helper."""
     return dict(_counts)
 
 
@@ -137,14 +143,15 @@ class CompiledKernel:
     """A loaded kernel: call it like the template's entry function (numpy arrays and scalars); its body runs once
     per logical AI core (NUM_AI_CORES) spread over the CPU threads.
 
-    Attributes: ``name``, ``digest`` (cache key), ``path`` (entry directory), ``entry`` (function name),
-    ``constants`` (template constants), ``meta`` (meta.json), ``source`` ("built", "disk"), ``timings``
+    Attributes: ``name``, ``digest`` (cache key), ``path`` (entry directory; None for a kernel built in memory
+    because the cache could not be written), ``entry`` (function name),
+    ``constants`` (template constants), ``meta`` (meta.json), ``source`` ("built", "disk", "memory"), ``timings``
     (seconds per phase; ``numba``: compile or cache load, ``first_call``: that plus the first run), ``fn``
     (EntryFunction: the numba
     dispatcher with the kernel's signature), ``launcher`` ("threads" or "prange", DG_JIT_LAUNCHER), ``module``.
     """
 
-    def __init__(self, *, name: str, digest: str, path: Path, module, meta: dict, constants: dict, source: str,
+    def __init__(self, *, name: str, digest: str, path: Path | None, module, meta: dict, constants: dict, source: str,
                  timings: dict[str, float]):
         self.name = name
         self.digest = digest
@@ -186,10 +193,21 @@ class CompiledKernel:
 
         t0 = time.perf_counter()
         before = self.numba_stats()
-        try:
-            self._compile_with_cache_repair(sig)
-        except numba.core.errors.NumbaError as e:
-            raise self._compile_error(e, args) from e
+        with _interrupts_seen() as seen:
+            try:
+                self.fn.compile(sig)
+            except BaseException as e:
+                if seen or isinstance(e, KeyboardInterrupt):
+                    _after_interrupt()
+                    if not isinstance(e, KeyboardInterrupt):
+                        raise seen[0] from e  # the interrupt was swallowed and resurfaced as another error
+                    raise
+                if isinstance(e, numba.core.errors.NumbaError):
+                    raise self._compile_error(e, args) from e
+                raise
+        if seen:  # swallowed inside a callback (LLVM's object-code hook), the compile then went on: still honour it
+            _after_interrupt()
+            raise seen[0]
         after = self.numba_stats()
         if after == before:
             return  # this signature was compiled before
@@ -228,25 +246,15 @@ class CompiledKernel:
         return result
 
     def _compile_error(self, e: Exception, args) -> CompileError:
+        kept = (f"kernel.asc and kernel.py are kept in {self.path}" if self.path is not None else
+                "the kernel was built in memory (the cache could not be written)")
         return CompileError(f"numba failed to compile {self.entry} for ({_signature(args)}):\n"
-                            f"{_first_lines(str(e), 40)}\nkernel.asc and kernel.py are kept in {self.path}\n"
+                            f"{_first_lines(str(e), 40)}\n{kept}\n"
                             f"reproduce: {self.repro_command(args)}", kernel=self.name, key=self.digest)
 
-    def _compile_with_cache_repair(self, sig):
-        try:
-            return self.fn.compile(sig)
-        except (pickle.UnpicklingError, EOFError, ImportError, AttributeError, ValueError, TypeError) as e:
-            # NOTES: a damaged numba data file surfaces here, before anything runs; anything else is re-raised.
-            if not _raised_in_numba_cache_load(e):
-                raise
-            cache.warn_once(f"numba:{self.path}", f"numba's cache files in {self.path / '__pycache__'} are "
-                                                  f"damaged ({type(e).__name__}: {e}); recompiling. Fix: delete "
-                                                  "that directory (or run scripts/clear_cache.py)")
-            cache.clear_numba_cache(self.path)
-            _event("corrupt", kernel=self.name, path=str(self.path), what="numba data")
-            return self.fn.compile(sig)
-
     def repro_command(self, args=()) -> str:
+        if self.path is None:
+            return "rerun with DG_JIT_CACHE_DIR set to a writable directory, then use the command printed there"
         sig = f' --compile "({_signature(args)})"' if args else ""
         return f"{cache.python_command()} -m deep_gemm.jit.dump --entry {self.path}{sig}"
 
@@ -254,13 +262,40 @@ class CompiledKernel:
         return f"CompiledKernel({self.name}.{self.digest}, entry={self.entry}, source={self.source}, path={self.path})"
 
 
-def _raised_in_numba_cache_load(exc: BaseException) -> bool:
-    tb = exc.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename.endswith(os.path.join("numba", "core", "caching.py")):
-            return True
-        tb = tb.tb_next
-    return False
+@contextlib.contextmanager
+def _interrupts_seen():
+    """Yield a list that receives the KeyboardInterrupt of any SIGINT handled while the block runs.
+
+    NOTES: numba compiles partly inside C (LLVM) that calls back into Python; an interrupt delivered in such a
+    callback is printed and swallowed by ctypes, and the compile then fails later for another reason (numba's
+    "no compiled object yet" when saving) or even completes. Wrapping the handler lets the caller see the
+    interrupt it asked for whatever happened to it. Only the main thread receives signals; elsewhere, or under a
+    handler that is not a Python callable, nothing is wrapped.
+    """
+    seen: list[BaseException] = []
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield seen
+        return
+
+    def handler(signum, frame):
+        try:
+            previous(signum, frame)
+        except BaseException as e:
+            seen.append(e)
+            raise
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _after_interrupt() -> None:
+    """Forget what an interrupted compile may have left half done: numba's memo of failed typings (a callee whose
+    compile the interrupt broke would fail every later call with a replayed error)."""
+    numba_cache.forget_failed_compiles()
 
 
 def _signature(args) -> str:
@@ -346,15 +381,18 @@ def _build_locked(name, constants, template, template_dir, device_module) -> Com
     _debug(3, f"{name}.{digest}: rendered source\n{rendered}")
     roots = cache.cache_roots()
     kernel = None
+    writable = roots.write is not None
     for root in roots.search:
         path = cache.entry_path(root, name, digest)
-        if path.is_dir():
-            kernel = _load_existing(path, name, digest, constants, timings, writable=root == roots.write)
+        if os.path.lexists(path):
+            kernel, usable = _load_existing(path, name, digest, constants, timings, writable=root == roots.write)
             if kernel is not None:
                 break
+            if root == roots.write and not usable:
+                writable = False  # the damaged entry could not be moved aside: this root cannot take a new one
     if kernel is None:
-        kernel = _build_new(roots.write, name, digest, components, rendered, constants, template, device_module,
-                            timings)
+        kernel = _build_new(roots.write if writable else None, name, digest, components, rendered, constants,
+                            template, device_module, timings)
     _by_digest[digest] = kernel
     _by_module[kernel.module.__name__] = kernel
     _install_numba_listener()
@@ -362,32 +400,40 @@ def _build_locked(name, constants, template, template_dir, device_module) -> Com
 
 
 def _load_existing(path: Path, name: str, digest: str, constants: dict, timings: dict,
-                   writable: bool) -> CompiledKernel | None:
-    """Load a published entry; None when it was corrupt (reported, and moved aside when writable)."""
-    problem = cache.check_entry(path, name, digest)
-    if problem is None:
-        numba_problem = cache.numba_cache_problem(path)
-        if numba_problem is not None:
-            _report_corrupt(path, f"numba cache: {numba_problem}", "numba's index is cleared and rebuilt")
-            if writable:
-                cache.clear_numba_cache(path)
-        t0 = time.perf_counter()
-        meta = cache.read_meta(path)
+                   writable: bool) -> tuple[CompiledKernel | None, bool]:
+    """Load a published entry after verifying every file it reads: (kernel, True), or (None, usable) when the
+    entry did not verify (reported once, moved aside when ``writable``; usable is False when that failed).
+
+    NOTES: an entry that verifies is never removed: if its kernel.py then fails to import, the error names the
+    entry and is raised (it is our bug or the environment's, and deleting the evidence would hide it).
+    """
+    t0 = time.perf_counter()
+    try:
+        meta, source = cache.load_entry(path, name, digest)
+    except cache.EntryProblem as e:
+        _report_corrupt(path, str(e), "it is rebuilt now" if writable else "it is rebuilt in the writable root")
+        if not writable:
+            return None, True
         try:
-            module = _import_kernel(path, name, digest)
-        except Exception as e:  # noqa: BLE001 - an entry whose kernel.py does not import is corrupt
-            problem = f"kernel.py does not import ({type(e).__name__}: {e})"
-        else:
-            timings["import"] = time.perf_counter() - t0
-            _event("disk_hit", kernel=name, digest=digest, path=str(path))
-            _debug(1, f"{name}.{digest}: disk hit {path} (render {timings['render'] * 1e3:.1f} ms, "
-                      f"import {timings['import'] * 1e3:.1f} ms)")
-            return CompiledKernel(name=name, digest=digest, path=path, module=module, meta=meta,
-                                  constants=constants, source="disk", timings=timings)
-    _report_corrupt(path, problem, "it is rebuilt now" if writable else "it is rebuilt in the writable root")
-    if writable:
-        cache.move_aside(path.parent.parent, path)
-    return None
+            cache.move_aside(path.parent.parent, path)
+        except OSError as err:
+            numba_cache.report_unwritable(path, err)
+            return None, False
+        return None, True
+    try:
+        module = _import_kernel(path, name, digest, source=source)
+    except Exception as e:
+        raise CompileError(f"the cache entry {path} verifies but its kernel.py does not import "
+                           f"({type(e).__name__}: {e}); the entry is kept for inspection.\nreproduce: "
+                           f"{cache.python_command()} -m deep_gemm.jit.dump --entry {path} --import\nFix: if the "
+                           f"environment changed under a running process, restart it; else rm -rf {path}",
+                           kernel=name, key=digest) from e
+    timings["import"] = time.perf_counter() - t0
+    _event("disk_hit", kernel=name, digest=digest, path=str(path))
+    _debug(1, f"{name}.{digest}: disk hit {path} (render {timings['render'] * 1e3:.1f} ms, "
+              f"import {timings['import'] * 1e3:.1f} ms)")
+    return CompiledKernel(name=name, digest=digest, path=path, module=module, meta=meta, constants=constants,
+                          source="disk", timings=timings), True
 
 
 def _report_corrupt(path: Path, problem: str, action: str) -> None:
@@ -396,8 +442,10 @@ def _report_corrupt(path: Path, problem: str, action: str) -> None:
                                                  f"Fix: remove it (rm -rf {path}) or run scripts/clear_cache.py")
 
 
-def _build_new(root: Path, name, digest, components, rendered, constants, template, device_module,
+def _build_new(root: Path | None, name, digest, components, rendered, constants, template, device_module,
                timings) -> CompiledKernel:
+    """Translate and publish a new entry under ``root``, then import it; in memory when ``root`` is None or
+    cannot be written (ENOSPC, EROFS, EACCES, ...: one warning per process, no partial directory left)."""
     from .translate import translate
 
     t0 = time.perf_counter()
@@ -412,10 +460,6 @@ def _build_new(root: Path, name, digest, components, rendered, constants, templa
         raise
     timings["translate"] = time.perf_counter() - t0
     _debug(4, f"{name}.{digest}: translated source\n{translation.python}")
-    t1 = time.perf_counter()
-    tmp = cache.new_tmp_dir(root)
-    cache.write_file(tmp / "kernel.asc", rendered)
-    cache.write_file(tmp / "kernel.py", translation.python)
     meta = {
         "meta_version": cache.META_VERSION,
         "name": name,
@@ -427,36 +471,70 @@ def _build_new(root: Path, name, digest, components, rendered, constants, templa
         "device_functions": translation.device_names,
         "constants": constants,
         "key_components": components,
-        "files": {f: cache.file_sha256(tmp / f) for f in ("kernel.asc", "kernel.py")},
+        "files": {f: hashlib.sha256(text.encode()).hexdigest()
+                  for f, text in (("kernel.asc", rendered), ("kernel.py", translation.python))},
         "created": time.time(),
         "timings": {k: round(v, 6) for k, v in timings.items()},
     }
-    cache.write_file(tmp / "meta.json", json.dumps(meta, indent=1, sort_keys=True))
+    source = translation.python.encode()
+    if root is None:
+        return _build_in_memory(name, digest, meta, source, constants, timings)
+    t1 = time.perf_counter()
     path = cache.entry_path(root, name, digest)
-    if cache.publish(tmp, path):
+    tmp = None
+    try:
+        tmp = cache.new_tmp_dir(root)
+        cache.write_file(tmp / "kernel.asc", rendered)
+        cache.write_file(tmp / "kernel.py", translation.python)
+        cache.write_file(tmp / "meta.json", cache.meta_text(meta))
+        published = cache.publish(tmp, path)
+    except OSError as e:
+        numba_cache.report_unwritable(tmp or root, e)
+        return _build_in_memory(name, digest, meta, source, constants, timings)
+    finally:
+        # NOTES: whatever stopped the build (a full disk, an interrupt), no partial directory is left behind.
+        if tmp is not None and os.path.lexists(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+    if published:
         _event("build", kernel=name, digest=digest, path=str(path))
-        source = "built"
+        how = "built"
     else:
         _event("publish_lost", kernel=name, digest=digest, path=str(path))
-        problem = cache.check_entry(path, name, digest)
-        if problem is not None:
-            raise CacheCorruptError(f"another process published {path} first, but it is corrupt: {problem}. "
-                                    f"Fix: rm -rf {path}", kernel=name, key=digest)
-        meta = cache.read_meta(path)
-        source = "disk"
+        try:
+            meta, source = cache.load_entry(path, name, digest)
+        except cache.EntryProblem as e:
+            _report_corrupt(path, f"published by another process but {e}", "this process builds it in memory")
+            return _build_in_memory(name, digest, meta, source, constants, timings)
+        how = "disk"
     timings["write"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     try:
-        module = _import_kernel(path, name, digest)
+        module = _import_kernel(path, name, digest, source=source)
     except Exception as e:
         raise CompileError(f"the translated kernel does not import ({type(e).__name__}: {e}); kernel.asc and "
                            f"kernel.py are kept in {path}\nreproduce: {cache.python_command()} -m deep_gemm.jit.dump "
                            f"--entry {path} --import", kernel=name, key=digest) from e
     timings["import"] = time.perf_counter() - t2
-    _debug(1, f"{name}.{digest}: miss -> {source} {path} ("
+    _debug(1, f"{name}.{digest}: miss -> {how} {path} ("
               + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items()) + ")")
     return CompiledKernel(name=name, digest=digest, path=path, module=module, meta=meta, constants=constants,
-                          source=source, timings=timings)
+                          source=how, timings=timings)
+
+
+def _build_in_memory(name, digest, meta, source: bytes, constants, timings) -> CompiledKernel:
+    """A kernel whose module lives only in this process (numba compiles it without a disk cache)."""
+    t0 = time.perf_counter()
+    try:
+        module = _import_kernel(None, name, digest, source=source)
+    except Exception as e:
+        raise CompileError(f"the translated kernel does not import ({type(e).__name__}: {e}); it was built in "
+                           "memory (the cache could not be written): rerun with DG_JIT_CACHE_DIR set to a "
+                           "writable directory to keep kernel.asc and kernel.py", kernel=name, key=digest) from e
+    timings["import"] = time.perf_counter() - t0
+    _event("build_in_memory", kernel=name, digest=digest)
+    _debug(1, f"{name}.{digest}: miss -> built in memory (the cache could not be written)")
+    return CompiledKernel(name=name, digest=digest, path=None, module=module, meta=meta, constants=constants,
+                          source="memory", timings=timings)
 
 
 def _cli_value(value) -> str:
@@ -472,18 +550,33 @@ def module_name(name: str, digest: str) -> str:
     return f"{KERNEL_MODULE_MARK}{name}_{digest}"
 
 
-def _import_kernel(path: Path, name: str, digest: str):
-    """Import <path>/kernel.py as a real module (numba's cache=True needs a file) under a unique name."""
-    mod_name = module_name(name, digest)
+def _import_kernel(path: Path | None, name: str, digest: str, source: bytes | None = None):
+    """Execute a kernel's Python source as a real module (numba's cache=True needs its file) named
+    module_name(); ``source`` is the verified content of <path>/kernel.py (read from there when None). With path
+    None the module exists only in memory (its own name; numba keeps no disk cache of it).
+
+    NOTES: the verified bytes are compiled here rather than imported, so no unverified .pyc is ever read (or
+    written) and the file cannot change between its check and its use.
+    """
+    if path is None:
+        mod_name, filename = f"{module_name(name, digest)}_in_memory", f"<deep_gemm kernel {name}.{digest}>"
+        numba_cache._memory_modules.add(mod_name)
+    else:
+        mod_name, filename = module_name(name, digest), str(path / "kernel.py")
     existing = sys.modules.get(mod_name)
-    if existing is not None and Path(existing.__file__).resolve() == (path / "kernel.py").resolve():
+    if existing is not None and getattr(existing, "__file__", None) == filename:
         return existing
     apply_numba_settings()
-    spec = importlib.util.spec_from_file_location(mod_name, path / "kernel.py")
-    module = importlib.util.module_from_spec(spec)
+    if source is None:
+        source = (path / "kernel.py").read_bytes()
+    module = types.ModuleType(mod_name)
+    module.__file__ = filename
+    if path is None:
+        text = source.decode()
+        linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
     sys.modules[mod_name] = module
     try:
-        spec.loader.exec_module(module)
+        exec(compile(source, filename, "exec"), module.__dict__)  # noqa: S102 - our own verified translation
     except BaseException:
         sys.modules.pop(mod_name, None)
         raise

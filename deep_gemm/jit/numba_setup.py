@@ -35,6 +35,11 @@ def apply_numba_settings() -> dict[str, object]:
             return _applied
         import numba
 
+        from .numba_cache import install as install_verified_cache
+
+        # NOTES: before any deep_gemm function is decorated: their cache=True then uses deep_gemm's verified cache
+        # under the kernel cache root (numba_cache.py); independent of DG_JIT_FAST_MATH_SETUP.
+        install_verified_cache()
         deferred = _defer_scipy_probe()
         if not envs.DG_JIT_FAST_MATH_SETUP.get():
             _applied = {"enabled": False}

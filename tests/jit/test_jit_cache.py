@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from jit_helpers import EXAMPLE_DEVICE, VADD_CHILD, VADD_CONSTS, run_child, stats_delta, vadd_args, vadd_reference
 
-from deep_gemm.jit import CompileError, JITError, build, cache, stats
+from deep_gemm.jit import CompileError, JITError, build, cache, numba_cache, stats
 from deep_gemm.jit import compile as jit_compile
 from deep_gemm.jit.render import default_template_dir
 
@@ -139,12 +139,12 @@ def test_garbage_numba_index_is_detected_and_rebuilt(fresh_root):
     assert indexes
     for index in indexes:
         index.write_bytes(b"not a pickle at all")
-    assert "unreadable" in cache.numba_cache_problem(entry)
+    assert "does not match" in numba_cache.directory_problem(entry / "__pycache__")
     second = run_child(VADD_CHILD, fresh_root)
     assert second["ok"] and second["source"] == "disk", second
-    assert second["stats"].get("corrupt") == 1 and second["stats"].get("numba_compile") == 1, second
+    assert second["stats"].get("corrupt", 0) >= 1 and second["stats"].get("numba_compile") == 1, second
     assert "numba cache" in second["stderr"] and str(entry) in second["stderr"], second
-    assert cache.numba_cache_problem(entry) is None
+    assert numba_cache.directory_problem(entry / "__pycache__") is None
     third = run_child(VADD_CHILD, fresh_root)
     assert "numba_compile" not in third["stats"] and "corrupt" not in third["stats"], third
 
@@ -156,11 +156,12 @@ def test_check_entry_names_each_problem(tmp_path):
     (entry / "kernel.asc").write_text("a")
     (entry / "kernel.py").write_text("b")
     files = {f: cache.file_sha256(entry / f) for f in ("kernel.asc", "kernel.py")}
-    (entry / "meta.json").write_text(json.dumps({"name": "k", "digest": "abc", "files": files}))
+    (entry / "meta.json").write_text(cache.meta_text({"name": "k", "digest": "abc", "files": files}))
     assert cache.check_entry(entry, "k", "abc") is None
     assert "does not describe" in cache.check_entry(entry, "k", "other")
     (entry / "kernel.py").write_text("b" * 2)
     assert "kernel.py does not match" in cache.check_entry(entry, "k", "abc")
+    assert "not a directory" in cache.check_entry(entry / "kernel.py", "k", "abc")
 
 
 # Concurrency ------------------------------------------------------------------------------------------------------
@@ -188,7 +189,7 @@ while not os.path.exists({str(go)!r}):
     assert len(entries) == 1 and {r["path"] for r in results} == {str(entries[0])}
     digest = entries[0].name.split(".", 1)[1]
     assert cache.check_entry(entries[0], "vadd", digest) is None
-    assert cache.numba_cache_problem(entries[0]) is None
+    assert numba_cache.directory_problem(entries[0] / "__pycache__") is None
     assert sum(r["stats"].get("build", 0) for r in results) >= 1
     assert not [p for p in (fresh_root / "tmp").iterdir()], "no build directory may be left behind"
 
