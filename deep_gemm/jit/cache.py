@@ -17,6 +17,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 import warnings
 from importlib import metadata
@@ -200,10 +201,51 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+STALE_TMP_SECONDS = 600.0
+
+
 def new_tmp_dir(root: Path) -> Path:
+    """A new build directory tmp/<pid>-<uuid>/ (after removing the stale ones of dead processes)."""
+    sweep_stale_tmp(root)
     path = root / "tmp" / f"{os.getpid()}-{uuid.uuid4().hex}"
     path.mkdir(parents=True)
     return path
+
+
+def sweep_stale_tmp(root: Path) -> None:
+    """Remove build directories left in tmp/ by processes that died mid-build (kill -9, power loss) and
+    moved-aside entries whose deletion failed.
+
+    NOTES: only when older than STALE_TMP_SECONDS and, for builds, when their pid is not alive here: a build
+    takes seconds, and a cache shared by several hosts could hold a live build of a pid unknown to this one.
+    """
+    tmp = root / "tmp"
+    if not tmp.is_dir():
+        return
+    now = time.time()
+    for p in tmp.iterdir():
+        pid, _, rest = p.name.partition("-")
+        is_build = pid.isdigit() and rest
+        if not (is_build or p.name.endswith(".corrupt")):
+            continue
+        try:
+            if now - p.lstat().st_mtime < STALE_TMP_SECONDS:
+                continue
+            if is_build and _pid_alive(int(pid)):
+                continue
+        except OSError:
+            continue
+        remove_path(p)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
 
 
 def write_file(path: Path, text: str) -> None:

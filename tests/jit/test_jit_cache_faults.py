@@ -315,6 +315,8 @@ def test_interrupt_inside_the_compiler_reaches_the_caller_and_the_next_call_work
     assert len(calls) >= 2
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # ctypes reports the swallowed one
+@pytest.mark.filterwarnings("ignore:deep_gemm.jit. numba's cache of:RuntimeWarning")
 def test_interrupt_swallowed_inside_llvm_callback_still_reaches_the_caller(fresh_root, fresh_warnings, rng):
     """SIGINT handled inside LLVM's object-code callback: ctypes swallows the KeyboardInterrupt there and numba
     later failed with 'RuntimeError: no compiled object yet'. The caller must see KeyboardInterrupt."""
@@ -401,3 +403,18 @@ def test_meta_json_checksum_covers_every_field(tmp_path):
     edited["entry"] = "other"
     (entry / "meta.json").write_text(json.dumps(edited))
     assert "own checksum" in cache.check_entry(entry, "k", "abc")
+
+
+def test_builds_left_by_dead_processes_are_swept(fresh_root):
+    build_vadd(TILE=176)
+    tmp = fresh_root / "tmp"
+    dead_old, dead_young, alive_old = tmp / "999999999-aa", tmp / "999999999-bb", tmp / f"{os.getpid()}-cc"
+    for path in (dead_old, dead_young, alive_old):
+        path.mkdir()
+        (path / "kernel.py").write_text("partial")
+    old = os.stat(tmp).st_mtime - 2 * cache.STALE_TMP_SECONDS
+    for path in (dead_old, alive_old):
+        os.utime(path, (old, old))
+    jit_compile.clear_memory_cache()
+    build_vadd(TILE=184)  # a new build sweeps
+    assert not dead_old.exists() and dead_young.exists() and alive_old.exists()
