@@ -42,7 +42,8 @@ def _declare(name: str, kind: type, default: object, doc: str) -> EnvVar:
 # JIT
 DG_JIT_CACHE_DIR = _declare(
     "DG_JIT_CACHE_DIR", str, None,
-    "Kernel cache root; default: jit_cache/ of a writable source checkout, else the user cache directory",
+    "Kernel cache root (entries, and numba's files of deep_gemm's device code under numba/); default: jit_cache/ "
+    "of a writable source checkout, else the user cache directory, else a temp dir; none writable: in memory",
 )
 DG_JIT_DEBUG = _declare(
     "DG_JIT_DEBUG", int, 0,
