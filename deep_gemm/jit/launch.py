@@ -1,17 +1,31 @@
 """Run a translated kernel over its logical AI cores on the CPU threads: a tiny persistent worker pool.
 
 The kernel entry is a ``nogil`` numba function ``entry(first_core, core_step, *args)`` that runs the cores
-first_core, first_core + core_step, ... one after the other; thread i of T runs ``entry(i, T, *args)``.
+first_core, first_core + core_step, ... one after the other. A launch on T threads is one job of T parts (part i
+runs ``entry(i, T, *args)``); the calling thread and the pool's workers claim parts until none is left, so a part's
+logical cores, and so the result, never depend on which thread ran it.
+
 NOTES: this replaces a numba ``parallel=True`` wrapper (still generated as ``<entry>_prange``, DG_JIT_LAUNCHER=prange)
 because numba re-optimizes and re-generates every linked callee in each library that links it: the parfor adds
 two such libraries (the gufunc and its wrapper) and tripled the compile time of a GEMM specialization. A Python
 handoff costs ~20-40 us, about what numba's workqueue layer costs, and does not degrade when other processes load
 the CPU (OpenMP's spinning barrier took milliseconds there).
+
+Guarantees (the reliability contract):
+- A launch either completes (every part ran) or raises; nothing a later launch does or sees depends on an earlier
+  one: each launch is its own ``_Job`` object with its own completion count, never a slot shared by launches.
+- Ctrl-C: a kernel part is native code that cannot be stopped halfway, so on the main thread SIGINT is held for
+  the few milliseconds of a launch and delivered to the previous handler (KeyboardInterrupt by default) once every
+  part has finished. The caller gets KeyboardInterrupt with a complete output; the pool survives.
+- Several Python threads may launch at once: their jobs share the pool's workers, and each caller also runs parts
+  of its own job, so no launch waits for another one to finish and every CPU thread stays in use.
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import signal
 import sys
 import threading
 
@@ -28,66 +42,144 @@ def num_threads() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-class _Worker:
-    def __init__(self, index: int):
-        self.index = index
-        self.job = None
-        self.error: BaseException | None = None
-        self.go = threading.Event()
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, name=f"deep_gemm-core-{index}", daemon=True)
-        self.thread.start()
+class _Job:
+    """One launch: parts 0..parts-1, part i running ``fn(i, parts, *args)``, claimed by whichever thread is free."""
 
-    def _run(self) -> None:
-        while True:
-            self.go.wait()
-            self.go.clear()
-            fn, args = self.job
-            try:
-                fn(*args)
-            except BaseException as e:  # noqa: BLE001 - handed to the launching thread
+    __slots__ = ("fn", "args", "parts", "error", "done", "_next", "_pending", "_lock")
+
+    def __init__(self, fn, args: tuple, parts: int):
+        self.fn = fn
+        self.args = args
+        self.parts = parts
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._next = 0
+        self._pending = parts
+        self._lock = threading.Lock()
+
+    def claim(self) -> int:
+        """The next unclaimed part, or -1 when every part is taken."""
+        with self._lock:
+            part = self._next
+            if part >= self.parts:
+                return -1
+            self._next = part + 1
+            return part
+
+    def run(self, part: int) -> None:
+        try:
+            self.fn(part, self.parts, *self.args)
+        except BaseException as e:  # noqa: BLE001 - handed to the launching thread
+            if self.error is None:
                 self.error = e
-            self.job = None
-            self.done.set()
+        finally:
+            with self._lock:
+                self._pending -= 1
+                last = self._pending == 0
+            if last:
+                self.done.set()
+
+    def run_all(self) -> None:
+        """Run parts on this thread until none is left unclaimed."""
+        while (part := self.claim()) >= 0:
+            self.run(part)
+
+
+def _worker_loop(jobs: queue.SimpleQueue) -> None:
+    while True:
+        job = jobs.get()
+        # NOTES: a job whose parts the caller (or another worker) already took claims -1 here and is dropped.
+        part = job.claim()
+        if part >= 0:
+            job.run(part)
+
+
+class _HeldSigint:
+    """On the main thread, holds SIGINT for the duration of a launch and hands it to the previous handler after.
+
+    Off the main thread (signals are only ever handled on the main thread) or when SIGINT's handler was not
+    installed from Python, it does nothing.
+    """
+
+    __slots__ = ("_previous", "_pending")
+
+    def __init__(self):
+        self._previous = None
+        self._pending: list = []
+
+    def _hold(self, signum, frame) -> None:
+        self._pending.append((signum, frame))
+
+    def __enter__(self):
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        previous = signal.getsignal(signal.SIGINT)
+        if previous is None:
+            return self
+        try:
+            signal.signal(signal.SIGINT, self._hold)
+        except ValueError:  # not the main interpreter
+            return self
+        self._previous = previous
+        return self
+
+    def __exit__(self, *exc) -> None:
+        previous = self._previous
+        if previous is None:
+            return
+        signal.signal(signal.SIGINT, previous)
+        if not self._pending:
+            return
+        signum, frame = self._pending[0]
+        if callable(previous):
+            previous(signum, frame)  # default_int_handler raises KeyboardInterrupt here
+        elif previous == signal.SIG_DFL:
+            signal.raise_signal(signum)
+        # SIG_IGN: the interrupt is ignored, as it would have been without the launch
 
 
 class CoreLauncher:
-    """Runs ``entry(i, T, *args)`` for i in 0..T-1 on T threads (the caller is thread 0) and waits for all."""
+    """Runs ``entry(i, T, *args)`` for i in 0..T-1 on up to T threads (the caller takes parts too) and returns when
+    all have finished; the first exception of any part is re-raised on the caller."""
 
     def __init__(self):
-        self._workers: list[_Worker] = []
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._workers: list[threading.Thread] = []
         self._lock = threading.Lock()
 
-    def _ensure(self, count: int) -> list[_Worker]:
-        while len(self._workers) < count:
-            self._workers.append(_Worker(len(self._workers) + 1))
-        return self._workers[:count]
+    def _ensure(self, count: int) -> None:
+        if len(self._workers) >= count:
+            return
+        with self._lock:
+            while len(self._workers) < count:
+                thread = threading.Thread(target=_worker_loop, args=(self._jobs,),
+                                          name=f"deep_gemm-core-{len(self._workers) + 1}", daemon=True)
+                thread.start()
+                self._workers.append(thread)
 
     def launch(self, entry, num_cores: int, args: tuple) -> None:
         threads = min(num_threads(), num_cores)
-        # NOTES: a second Python thread launching while the pool is busy runs its cores itself (correct, serial).
-        if threads <= 1 or not self._lock.acquire(blocking=False):
+        if threads <= 1:
+            # NOTES: one native call: Python handles a SIGINT only after it returns, so it is atomic already.
             entry(0, 1, *args)
             return
-        try:
-            workers = self._ensure(threads - 1)
-            for worker in workers:
-                worker.error = None
-                worker.done.clear()
-                worker.job = (entry, (worker.index, threads, *args))
-                worker.go.set()
+        job = _Job(entry, args, threads)
+        with _HeldSigint():
             try:
-                entry(0, threads, *args)
+                self._ensure(threads - 1)
+                for _ in range(threads - 1):
+                    self._jobs.put(job)
+                job.run_all()
             finally:
-                for worker in workers:
-                    worker.done.wait()
-            for worker in workers:
-                if worker.error is not None:
-                    raise worker.error
-        finally:
-            self._lock.release()
+                # NOTES: whatever happened above, no part of this job may still run once launch returns.
+                job.run_all()
+                job.done.wait()
+                job.args = ()  # stale queue entries must not keep the caller's arrays alive
+        if job.error is not None:
+            raise job.error
 
     def _reset_after_fork(self) -> None:
+        self._jobs = queue.SimpleQueue()
         self._workers = []
         self._lock = threading.Lock()
 
