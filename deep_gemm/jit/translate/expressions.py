@@ -9,7 +9,25 @@ import numpy as np
 from tree_sitter import Node
 
 from .. import enums
-from .ctype import BOOL, F32, F64, SIZEOF_ONLY, UNKNOWN, VOID, CType, Expr, int_ctype, parse_number, scalar_ctype
+from .ctype import (
+    BOOL,
+    F32,
+    F64,
+    INT64_MAX,
+    INT_TYPES,
+    SIZEOF_ONLY,
+    UNKNOWN,
+    VOID,
+    CType,
+    Expr,
+    int_bounds,
+    int_value,
+    interval,
+    literal_type,
+    parse_number,
+    promote,
+    scalar_ctype,
+)
 from .emitter import strip_parens
 from .entry import FuncSig
 from .statements import Sym
@@ -40,7 +58,8 @@ class Expressions:
         if name in self.module_consts:
             return Expr(name, self.module_consts[name].ctype)
         if name == "NUM_AI_CORES" and "NUM_AI_CORES" in self.constants:
-            return Expr(name, int_ctype(True))
+            cores = int(self.constants["NUM_AI_CORES"])
+            return Expr(name, int_value("int32", cores, cores))
         value = enums.lookup(None, name)
         if value is not None:
             return self.enum_constant(None, name, value)
@@ -51,7 +70,7 @@ class Expressions:
     def enum_constant(self, scope: str | None, name: str, value: int) -> Expr:
         py = enums.python_name(scope, name)
         self.used_enums[py] = (value, f"{scope}::{name}" if scope else name)
-        return Expr(py, int_ctype(value >= 0))
+        return Expr(py, int_value("int32", value, value))  # an enumerator's type: int
 
     def qualified_identifier(self, node: Node) -> Expr:
         parts = self.qualified_parts(node)
@@ -82,7 +101,7 @@ class Expressions:
         code = text.rstrip("uUlL")
         if re.fullmatch(r"0[0-7]+", code):
             code = str(value)
-        return Expr(code, int_ctype(True))
+        return Expr(code, int_value(literal_type(value, text), value, value))
 
     def bool_literal(self, node: Node) -> Expr:
         return Expr("True" if node.type == "true" else "False", BOOL)
@@ -97,17 +116,21 @@ class Expressions:
         op = self.text(node.child_by_field_name("operator"))
         arg = self.expr(node.child_by_field_name("argument"))
         if op == "!":
-            return Expr(f"(not {arg.code})", BOOL)
-        if op == "~":
-            if arg.ctype.is_float:
-                raise self.error(node, "~ on a floating-point value")
-            return Expr(f"(~{arg.code})", int_ctype(False) if arg.ctype.kind != "unknown" else UNKNOWN)
-        if op == "-":
-            ctype = arg.ctype.with_nonneg(False) if arg.ctype.kind != "bool" else int_ctype(False)
-            return Expr(f"(-{arg.code})", ctype)
+            return Expr(f"(not {self.exact(arg, node).code})", BOOL)
+        if op == "~" and arg.ctype.is_float:
+            raise self.error(node, "~ on a floating-point value")
+        if op not in ("~", "-", "+"):
+            raise self.error(node, f"unsupported unary operator {op}")
+        if not arg.ctype.is_int:
+            return Expr(f"({op}{arg.code})", arg.ctype if arg.ctype.kind == "float" else UNKNOWN) if op != "+" \
+                else arg
+        target = promote(arg.ctype.np)
+        value = self.as_int(arg, target, node, lazy=True)
         if op == "+":
-            return arg
-        raise self.error(node, f"unsupported unary operator {op}")
+            return value
+        lo, hi = value.ctype.bounds
+        lo, hi = (-hi, -lo) if op == "-" else (-hi - 1, -lo - 1)
+        return self.int_result(f"({op}{self.value_code(value)})", target, lo, hi, value.wrapped)
 
     def binary(self, node: Node) -> Expr:
         op = self.text(node.child_by_field_name("operator"))
@@ -117,42 +140,82 @@ class Expressions:
 
     def binary_codes(self, left: Expr, op: str, right: Expr, node: Node) -> Expr:
         if op in ("&&", "||"):
-            return Expr(f"({left.code} {'and' if op == '&&' else 'or'} {right.code})", BOOL)
+            a, b = self.exact(left, node), self.exact(right, node)
+            return Expr(f"({a.code} {'and' if op == '&&' else 'or'} {b.code})", BOOL)
         if op in ("<", "<=", ">", ">=", "==", "!="):
-            a, b, _ = self.usual_conversions(left, right)
-            return Expr(f"({a} {op} {b})", BOOL)
+            a, b, _ = self.usual_conversions(left, right, node)
+            return Expr(f"({self.value_code(a)} {op} {self.value_code(b)})", BOOL)
         if left.ctype.kind == "array" or right.ctype.kind == "array":
             return self.pointer_arithmetic(left, op, right, node)
-        if op in ("<<", ">>", "&", "|", "^"):
-            if left.ctype.is_float or right.ctype.is_float:
-                raise self.error(node, f"{op} on a floating-point operand")
-            known = left.ctype.kind != "unknown" and right.ctype.kind != "unknown"
-            nonneg = {"<<": left.ctype.nonneg and right.ctype.nonneg, ">>": left.ctype.nonneg,
-                      "&": left.ctype.nonneg or right.ctype.nonneg,
-                      "|": left.ctype.nonneg and right.ctype.nonneg, "^": left.ctype.nonneg and right.ctype.nonneg}[op]
-            if left.ctype.kind == "bool" and right.ctype.kind == "bool" and op in "&|^":
-                return Expr(f"({left.code} {op} {right.code})", BOOL)
-            return Expr(f"({left.code} {op} {right.code})", int_ctype(nonneg) if known else UNKNOWN)
-        if op not in ("+", "-", "*", "/", "%"):
+        if op not in ("+", "-", "*", "/", "%", "<<", ">>", "&", "|", "^"):
             raise self.error(node, f"unsupported binary operator {op}")
-        a, b, ctype = self.usual_conversions(left, right)
-        both_int = left.ctype.is_int and right.ctype.is_int
-        nonneg = left.ctype.nonneg and right.ctype.nonneg
-        if op == "/":
-            if both_int and nonneg:
-                return Expr(f"({a} // {b})", int_ctype(True))
-            if ctype.kind == "float":
-                return Expr(f"({a} / {b})", ctype)
-            return Expr(f"c_div({strip_parens(a)}, {strip_parens(b)})", int_ctype(False) if both_int else UNKNOWN)
-        if op == "%":
-            if ctype.kind == "float":
+        if op in ("<<", ">>", "&", "|", "^") and (left.ctype.is_float or right.ctype.is_float):
+            raise self.error(node, f"{op} on a floating-point operand")
+        if left.ctype.kind == "bool" and right.ctype.kind == "bool" and op in ("&", "|", "^"):
+            return Expr(f"({left.code} {op} {right.code})", BOOL)
+        if left.ctype.is_int and right.ctype.is_int:
+            return self.int_binary(left, op, right, node)
+        a, b, ctype = self.usual_conversions(left, right, node)
+        if ctype.kind == "float":
+            if op == "%":
                 raise self.error(node, "% on a floating-point operand (not C)")
-            if both_int and nonneg:
-                return Expr(f"({a} % {b})", int_ctype(True))
-            return Expr(f"c_mod({strip_parens(a)}, {strip_parens(b)})", int_ctype(False) if both_int else UNKNOWN)
-        if ctype.kind == "int":
-            ctype = int_ctype(nonneg and op in ("+", "*"))
-        return Expr(f"({a} {op} {b})", ctype)
+            return Expr(f"({a.code} {op} {b.code})", ctype)
+        # NOTES: an operand of unknown type (a device call's result): no C typing, C's / and % by helpers
+        if op == "/":
+            return Expr(f"c_div({strip_parens(a.code)}, {strip_parens(b.code)})", UNKNOWN)
+        if op == "%":
+            return Expr(f"c_mod({strip_parens(a.code)}, {strip_parens(b.code)})", UNKNOWN)
+        return Expr(f"({a.code} {op} {b.code})", UNKNOWN)
+
+    def int_binary(self, left: Expr, op: str, right: Expr, node: Node) -> Expr:
+        """An integer operator with C's result: promotion, the usual arithmetic conversions, unsigned wrap-around
+        (kept lazily, see Expr.wrapped), C's truncating / and %. Signed overflow is undefined in C: the value then
+        stays the mathematical one."""
+        if op in ("<<", ">>"):
+            target = promote(left.ctype.np)
+            a = self.as_int(left, target, node, lazy=op == "<<")
+            count = self.exact(self.as_int(right, promote(right.ctype.np), node), node)
+            bits = INT_TYPES[target][0]
+            clo, chi = count.ctype.bounds
+            if clo == chi and not 0 <= clo < bits:
+                raise self.error(node, f"shift count {clo} is out of range for {target} (undefined in C)")
+            clo, chi = max(clo, 0), min(chi, bits - 1)
+            lo, hi = a.ctype.bounds
+            if op == ">>":
+                corners = [v >> c for v in (lo, hi) for c in (clo, chi)]
+            else:
+                corners = [v << c for v in (lo, hi) for c in (clo, chi)]
+            return self.int_result(f"({self.value_code(a)} {op} {self.value_code(count)})", target, min(corners),
+                                   max(corners), a.wrapped)
+        lazy = op in ("+", "-", "*", "&", "|", "^")
+        a, b, ctype = self.usual_conversions(left, right, node, lazy=lazy)
+        target = ctype.np
+        ac, bc = self.value_code(a), self.value_code(b)
+        (alo, ahi), (blo, bhi) = a.ctype.bounds, b.ctype.bounds
+        if lazy:
+            lo, hi = interval(op, (alo, ahi), (blo, bhi))
+            return self.int_result(f"({ac} {op} {bc})", target, lo, hi, a.wrapped or b.wrapped)
+        nonneg = alo >= 0 and blo >= 0
+        top = max(abs(blo), abs(bhi))
+        if op == "/":
+            if nonneg:
+                return self.int_result(f"({ac} // {bc})", target, alo // max(bhi, 1), ahi // max(blo, 1), False)
+            bound = max(abs(alo), abs(ahi))
+            return self.int_result(f"c_div({strip_parens(ac)}, {strip_parens(bc)})", target, -bound, bound, False)
+        if nonneg:
+            return self.int_result(f"({ac} % {bc})", target, 0, max(0, min(ahi, bhi - 1)), False)
+        return self.int_result(f"c_mod({strip_parens(ac)}, {strip_parens(bc)})", target,
+                               0 if alo >= 0 else -max(top - 1, 0), max(top - 1, 0), False)
+
+    def int_result(self, code: str, target: str, lo: int, hi: int, operands_wrapped: bool) -> Expr:
+        """The Expr of an integer operation of C type target whose Python value lies in [lo, hi]."""
+        tlo, thi = int_bounds(target)
+        thi = min(thi, INT64_MAX)
+        if tlo <= lo and hi <= thi and not operands_wrapped:
+            return Expr(code, int_value(target, lo, hi))
+        if INT_TYPES[target][1] and not operands_wrapped:  # signed overflow: undefined in C
+            return Expr(code, int_value(target, max(lo, tlo), min(hi, thi)))
+        return Expr(code, int_value(target, lo, hi), wrapped=True)
 
     def pointer_arithmetic(self, left: Expr, op: str, right: Expr, node: Node) -> Expr:
         if op == "+" and left.ctype.kind == "array" and right.ctype.is_int and left.ctype.ndim in (0, 1):
@@ -162,15 +225,30 @@ class Expressions:
         raise self.error(node, f"unsupported tensor arithmetic ({op}); only 1-D `tensor + offset` is supported")
 
     def conditional(self, node: Node) -> Expr:
-        cond = self.expr(node.child_by_field_name("condition"))
+        cond = self.exact(self.expr(node.child_by_field_name("condition")), node)
         a = self.expr(node.child_by_field_name("consequence"))
         b = self.expr(node.child_by_field_name("alternative"))
-        ac, bc, ctype = self.usual_conversions(a, b)
         if a.ctype.kind == "bool" and b.ctype.kind == "bool":
-            ctype = BOOL
-        if ctype.kind == "int":
-            ctype = int_ctype(a.ctype.nonneg and b.ctype.nonneg)
-        return Expr(f"({strip_parens(ac)} if {strip_parens(cond.code)} else {strip_parens(bc)})", ctype)
+            ac, bc, ctype, wrapped = a, b, BOOL, False
+        elif a.ctype.kind == "int" and b.ctype.kind == "int" and a.ctype.np == b.ctype.np:
+            ac, bc = a, b  # C++: operands of one type keep it (no promotion)
+            ctype = int_value(a.ctype.np, min(a.ctype.bounds[0], b.ctype.bounds[0]),
+                              max(a.ctype.bounds[1], b.ctype.bounds[1]))
+            wrapped = a.wrapped or b.wrapped
+        else:
+            ac, bc, ctype = self.usual_conversions(a, b, node, lazy=True)
+            wrapped = ac.wrapped or bc.wrapped
+            if ctype.kind == "int":
+                ctype = int_value(ctype.np, min(ac.ctype.bounds[0], bc.ctype.bounds[0]),
+                                  max(ac.ctype.bounds[1], bc.ctype.bounds[1]))
+        known = self.try_evaluate(cond.code) if ctype.kind == "int" else None
+        if known is not None:  # a compile-time condition: the value is the taken arm's (the code stays as written)
+            taken = ac if known else bc
+            ctype = int_value(ctype.np, *taken.ctype.bounds)
+            wrapped = taken.wrapped
+        code = f"({strip_parens(self.value_code(ac))} if {strip_parens(cond.code)} else " \
+               f"{strip_parens(self.value_code(bc))})"
+        return Expr(code, ctype, wrapped=wrapped)
 
     def cast(self, node: Node) -> Expr:
         target = self.type_of(node.child_by_field_name("type"), node)
@@ -186,11 +264,12 @@ class Expressions:
             raise self.error(node, "sizeof is supported on types only: sizeof(T)")
         name = self.text(type_node).strip()
         if name in SIZEOF_ONLY:
-            return Expr(str(SIZEOF_ONLY[name]), int_ctype(True))
+            return Expr(str(SIZEOF_ONLY[name]), int_value("uint64", SIZEOF_ONLY[name], SIZEOF_ONLY[name]))
         ctype = self.type_of(type_node.child_by_field_name("type") or type_node, node)
         if ctype.kind not in ("int", "float", "bool"):
             raise self.error(node, f"sizeof({name}) is not supported")
-        return Expr(str(np.dtype(ctype.np).itemsize), int_ctype(True))
+        size = np.dtype(ctype.np).itemsize
+        return Expr(str(size), int_value("uint64", size, size))
 
     def subscript(self, node: Node) -> Expr:
         indices = []
@@ -207,7 +286,7 @@ class Expressions:
             raise self.error(base, "subscript of a non-array value")
         codes = []
         for index in indices:
-            idx = self.expr(index)
+            idx = self.exact(self.expr(index), index)
             if idx.ctype.is_float:
                 raise self.error(index, "floating-point array index")
             codes.append(strip_parens(idx.code))
@@ -215,7 +294,9 @@ class Expressions:
             if arr.ctype.ndim and len(codes) > arr.ctype.ndim:
                 raise self.error(node, f"{len(codes)} indices into a {arr.ctype.ndim}-D array")
             if arr.ctype.ndim in (0, len(codes)) and arr.ctype.np:  # rank 0 = unknown: assume full indexing
-                ctype = scalar_ctype(arr.ctype.np, arr.ctype.np.startswith("uint"))
+                ctype = scalar_ctype(arr.ctype.np)
+                if ctype.kind == "int" and arr.ctype.np.startswith("uint"):
+                    return Expr(f"{arr.code}[{', '.join(codes)}]", ctype, raw=True)
             elif arr.ctype.ndim in (0, len(codes)):
                 ctype = UNKNOWN
             else:
@@ -263,7 +344,7 @@ class Expressions:
         if name in self.device_exports:
             self.used_device.add(name)
             leading = [self.template_argument(t) for t in template_args]
-            codes = leading + [strip_parens(a.code) for a in args]
+            codes = leading + [strip_parens(self.exact(a, node).code if a.wrapped else a.code) for a in args]
             return Expr(f"{name}({', '.join(codes)})", UNKNOWN)
         raise self.error(name_node, f"unknown function {name!r}: neither a template function nor an export of "
                                     f"{self.device_module}")
@@ -278,7 +359,7 @@ class Expressions:
         codes = []
         for (_pname, ptype), arg in zip(sig.params, args, strict=True):
             if ptype.kind in ("int", "float", "bool"):
-                arg = self.convert(arg, ptype)
+                arg = self.convert(arg, ptype, node)
             codes.append(strip_parens(arg.code))
         ret = sig.ret if sig.ret.kind != "void" else VOID
         return Expr(f"{sig.name}({', '.join(codes)})", ret)
@@ -306,9 +387,10 @@ class Expressions:
             raise self.error(fn, f".{method}() on a non-tensor value")
         if method == "GetValue" and len(args) == 1:
             elem = scalar_ctype(obj.ctype.np) if obj.ctype.np else UNKNOWN
-            return Expr(f"{obj.code}[{strip_parens(args[0].code)}]", elem)
+            raw = elem.kind == "int" and obj.ctype.np.startswith("uint")
+            return Expr(f"{obj.code}[{strip_parens(self.exact(args[0], node).code)}]", elem, raw=raw)
         if method == "GetSize" and not args:
-            return Expr(f"{obj.code}.size", int_ctype(True))
+            return Expr(f"{obj.code}.size", int_value("uint32", 0, 2**32 - 1))
         if method == "SetValue":
             raise self.error(node, "SetValue(i, v) is a statement, not a value")
         raise self.error(fn, f"unsupported method .{method}() (supported: GetValue, SetValue, GetSize)")
@@ -318,35 +400,49 @@ class Expressions:
             raise self.error(node, "GetBlockIdx() takes no arguments")
         if self.func is None or not self.func.sig.is_entry:
             raise self.error(node, "GetBlockIdx() is available in the kernel entry only; pass it to helpers")
-        return Expr("_block_idx", int_ctype(True))
+        cores = int(self.constants.get("NUM_AI_CORES", 2**31))
+        return Expr("_block_idx", int_value("int64", 0, cores - 1))  # Ascend C: int64_t GetBlockIdx()
 
     def call_block_num(self, node: Node, template_args) -> Expr:
         if self.call_args(node) or template_args:
             raise self.error(node, "GetBlockNum() takes no arguments")
-        return Expr("NUM_AI_CORES", int_ctype(True))
+        cores = self.module_values.get("NUM_AI_CORES", self.constants.get("NUM_AI_CORES"))
+        lo, hi = (int(cores), int(cores)) if cores is not None else (1, 2**31)
+        return Expr("NUM_AI_CORES", int_value("int64", lo, hi))  # Ascend C: int64_t GetBlockNum()
 
     def call_minmax(self, node: Node, template_args) -> Expr:
         name = self.text(node.child_by_field_name("function")).split("::")[-1].split("<")[0]
         args = self.call_args(node)
         if len(args) < 2:
             raise self.error(node, f"{name} needs two arguments")
-        a, b, ctype = self.usual_conversions(args[0], args[1])
-        codes = [a, b]
+        if len(template_args) == 1:  # std::min<T>(a, b): both converted to T
+            target = self.type_of(template_args[0].child_by_field_name("type") or template_args[0], node)
+            args = [self.convert(x, target, node) for x in args]
+        elif template_args:
+            raise self.error(node, f"{name}<T> takes one type")
+        a, b, ctype = self.usual_conversions(args[0], args[1], node)
+        values = [a, b]
         for extra in args[2:]:
-            _, c, ctype2 = self.usual_conversions(Expr("x", ctype), extra)
-            codes.append(c)
-            ctype = ctype2
+            _, c, ctype = self.usual_conversions(Expr("x", ctype), extra, node)
+            values = [self.convert(v, ctype, node) for v in values] + [c]
         if ctype.kind == "int":
-            nonneg = all(x.ctype.nonneg for x in args) if name == "min" else any(x.ctype.nonneg for x in args)
-            ctype = int_ctype(nonneg)
-        return Expr(f"{name}({', '.join(strip_parens(c) for c in codes)})", ctype)
+            pick = min if name == "min" else max
+            ctype = int_value(ctype.np, pick(v.ctype.bounds[0] for v in values),
+                              pick(v.ctype.bounds[1] for v in values))
+        return Expr(f"{name}({', '.join(strip_parens(self.value_code(v)) for v in values)})", ctype)
 
     def call_abs(self, node: Node, template_args) -> Expr:
         args = self.call_args(node)
         if len(args) != 1:
             raise self.error(node, "abs takes one argument")
-        ctype = args[0].ctype.with_nonneg(True) if args[0].ctype.is_int else args[0].ctype
-        return Expr(f"abs({strip_parens(args[0].code)})", ctype)
+        value = args[0]
+        if value.ctype.is_int:
+            value = self.exact(self.as_int(value, promote(value.ctype.np), node), node)
+            lo, hi = value.ctype.bounds
+            top = max(abs(lo), abs(hi))
+            low = 0 if lo <= 0 <= hi else min(abs(lo), abs(hi))
+            return Expr(f"abs({strip_parens(value.code)})", int_value(value.ctype.np, low, top))
+        return Expr(f"abs({strip_parens(value.code)})", value.ctype)
 
     def call_static_cast(self, node: Node, template_args) -> Expr:
         args = self.call_args(node)
@@ -368,6 +464,7 @@ class Expressions:
         for arg in args:
             if arg.ctype.is_float:
                 raise self.error(node, "AllocTensor sizes must be integers")
+        args = [self.exact(arg, node) for arg in args]
         shape = strip_parens(args[0].code) if len(args) == 1 else \
             f"({strip_parens(args[0].code)}, {strip_parens(args[1].code)})"
         return Expr(f"np.empty({shape}, np.{elem.np})", CType("array", elem.np, len(args)))

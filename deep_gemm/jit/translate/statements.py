@@ -10,7 +10,7 @@ import numpy as np
 from tree_sitter import Node
 
 from ..errors import TranslateError
-from .ctype import CType, Expr, int_ctype
+from .ctype import INT_TYPES, CType, Expr, common_int, int_bounds, int_value
 from .emitter import strip_parens
 
 if TYPE_CHECKING:
@@ -106,6 +106,7 @@ class Statements:
             raise self.error(decl, f"{name!r} needs an initializer")
         value = self.expr(value_node)
         if base.kind == "auto":
+            value = self.exact(value, value_node)
             ctype = value.ctype
             code = value.code
         elif pointer or base.kind == "array":
@@ -115,12 +116,12 @@ class Statements:
             ctype = CType("array", base.np or value.ctype.np, ndim if not pointer else max(ndim, 1))
             code = value.code
         else:
-            code = self.convert(value, base).code
-            ctype = base
-        # NOTES: unsigned variables are non-negative by type (templates must not wrap them); signed ones only when
-        # const with a non-negative initializer. Non-negative operands get Python's // and % (no C helpers).
-        unsigned = ctype.kind == "int" and (ctype.np or "").startswith("uint")
-        ctype = ctype.with_nonneg(unsigned or (is_const and value.ctype.nonneg))
+            converted = self.convert(value, base, value_node)
+            code, ctype = converted.code, converted.ctype
+        # NOTES: a const keeps its initializer's bounds; a variable may be assigned anything of its type later.
+        # Non-negative operands get Python's // and % (no C helpers).
+        if ctype.kind == "int" and not is_const:
+            ctype = CType("int", ctype.np)
         self.emit(f"{name} = {strip_parens(code)}", decl)
         self.define(name, ctype, is_const, decl)
         if is_constexpr:
@@ -164,7 +165,7 @@ class Statements:
                     raise self.error(node, "partially initialized 3-D arrays are not supported")
                 parts.append(zero)
             return "[" + ", ".join(parts) + "]"
-        parts = [self.expr(c).code for c in items] + ["0"] * (dims[0] - len(items))
+        parts = [self.exact(self.expr(c), c).code for c in items] + ["0"] * (dims[0] - len(items))
         return "[" + ", ".join(parts) + "]"
 
     def define(self, name: str, ctype: CType, const: bool, node: Node) -> None:
@@ -195,7 +196,7 @@ class Statements:
     def simple_statement_lines(self, expr: Node) -> list[str]:
         """Python lines for an expression used as a statement: assignments, ++/--, calls, SetValue."""
         if expr.type == "assignment_expression":
-            return [self.assignment(expr)]
+            return self.assignment(expr)
         if expr.type == "update_expression":
             return [self.update(expr)]
         if expr.type == "parenthesized_expression":
@@ -207,40 +208,79 @@ class Statements:
                 args = self.call_args(expr)
                 if len(args) != 2:
                     raise self.error(expr, "SetValue(index, value) takes two arguments")
-                return [f"{obj.code}[{strip_parens(args[0].code)}] = {strip_parens(args[1].code)}"]
+                elem = CType("int", obj.ctype.np) if obj.ctype.kind == "array" and obj.ctype.np else None
+                value = self.store_value(args[1], elem, expr)
+                return [f"{obj.code}[{strip_parens(self.exact(args[0], expr).code)}] = {strip_parens(value.code)}"]
         return [strip_parens(self.expr(expr).code)]
 
-    def assignment(self, node: Node) -> str:
+    def assignment(self, node: Node) -> list[str]:
         left, op, right = node.child_by_field_name("left"), node.child_by_field_name("operator"), \
             node.child_by_field_name("right")
         op = self.text(op)
         if op == "=" and right.type == "assignment_expression" and self.text(right.child_by_field_name(
                 "operator")) == "=":
-            # chained a = b = c: assign right to left, innermost first
+            # chained a = b = c: b = c, then a = b converted to a's type (one line when that is a no-op)
             inner = self.assignment(right)
             target = self.lvalue(left)
-            return f"{target.code} = {inner}"
+            middle = self.lvalue(right.child_by_field_name("left"))
+            value = self.assigned_value(target, left, middle, node)
+            if value.code == middle.code and len(inner) == 1:
+                return [f"{target.code} = {inner[0]}"]
+            return inner + [f"{target.code} = {strip_parens(value.code)}"]
         target = self.lvalue(left)
         value = self.expr(right)
         if op == "=":
-            if target.ctype.kind in ("int", "float", "bool") and left.type == "identifier":
-                value = self.convert(value, target.ctype)
-            return f"{target.code} = {strip_parens(value.code)}"
+            return [f"{target.code} = {strip_parens(self.assigned_value(target, left, value, node).code)}"]
         binop = op[:-1]
-        if binop in ("/", "%") or (left.type == "identifier" and not self.keeps_type(target.ctype, value.ctype)):
-            combined = self.binary_codes(target, binop, value, node)
-            if left.type == "identifier":
-                combined = self.convert(combined, target.ctype)
-            return f"{target.code} = {strip_parens(combined.code)}"
         if binop in ("<<", ">>", "&", "|", "^") and target.ctype.kind == "float":
             raise self.error(node, f"{op} on a floating-point value")
-        return f"{target.code} {op} {strip_parens(value.code)}"
+        return [self.compound_assignment(target, left, binop, value, node)]
+
+    def assigned_value(self, target: Expr, left: Node, value: Expr, node: Node) -> Expr:
+        """value converted for `target = value`: a scalar variable converts as C does; an array element store
+        narrows modulo 2**bits by itself (numpy), so only its value must be exact where wider than C's."""
+        if left.type == "identifier" and target.ctype.kind in ("int", "float", "bool"):
+            return self.convert(value, target.ctype, node)
+        return self.store_value(value, target.ctype if target.ctype.kind == "int" else None, node)
+
+    def store_value(self, value: Expr, elem: CType | None, node: Node) -> Expr:
+        """A value stored into an array element of type elem (None: not an integer element)."""
+        if value.wrapped and (elem is None or elem.np not in INT_TYPES or
+                              INT_TYPES[elem.np][0] > INT_TYPES[value.ctype.np][0]):
+            return self.exact(value, node)
+        return value
+
+    def compound_assignment(self, target: Expr, left: Node, binop: str, value: Expr, node: Node) -> str:
+        """`target op= value` as C's `target = (T)(target op value)`: the in-place Python operator where numba's
+        result equals C's, else the explicit conversion."""
+        op = binop + "="
+        if left.type != "identifier":
+            if binop in ("/", "%"):
+                combined = self.binary_codes(target, binop, value, node)
+                return f"{target.code} = {strip_parens(self.store_value(combined, None, node).code)}"
+            value = self.store_value(value, None if value.ctype.kind != "int" else target.ctype, node)
+            return f"{target.code} {op} {strip_parens(self.value_code(value))}"
+        combined = self.binary_codes(target, binop, value, node)
+        converted = self.convert(combined, target.ctype, node)
+        if target.ctype.is_int and value.ctype.is_int and binop not in ("/", "%"):
+            plain = f"({target.code} {binop} {self.value_code(value)})"
+            if converted.code == plain:
+                return f"{target.code} {op} {strip_parens(self.value_code(value))}"
+        elif binop not in ("/", "%") and self.keeps_type(target.ctype, value.ctype):
+            return f"{target.code} {op} {strip_parens(value.code)}"
+        return f"{target.code} = {strip_parens(converted.code)}"
 
     def update(self, node: Node) -> str:
         op = self.text(node.child_by_field_name("operator"))
-        target = self.lvalue(node.child_by_field_name("argument"))
-        one = "np.float32(1)" if target.ctype.np == "float32" else "1"
-        return f"{target.code} {'+=' if op == '++' else '-='} {one}"
+        argument = node.child_by_field_name("argument")
+        target = self.lvalue(argument)
+        if target.ctype.kind == "float":
+            one = "np.float32(1)" if target.ctype.np == "float32" else "1"
+            return f"{target.code} {'+=' if op == '++' else '-='} {one}"
+        while argument.type == "parenthesized_expression":
+            argument = argument.named_children[0]
+        one = Expr("1", int_value("int32", 1, 1))
+        return self.compound_assignment(target, argument, "+" if op == "++" else "-", one, node)
 
     def lvalue(self, node: Node) -> Expr:
         if node.type == "identifier":
@@ -274,7 +314,7 @@ class Statements:
                 self.statements(taken.named_children if taken.type == "compound_statement" else [taken])
                 self.func.scopes.pop()
             return
-        cond = self.expr(self.condition_value(cond_node))
+        cond = self.exact(self.expr(self.condition_value(cond_node)), cond_node)
         self.emit(f"{keyword_} {strip_parens(cond.code)}:", node)
         self.body(consequence)
         if alternative is None:
@@ -287,7 +327,8 @@ class Statements:
             self.body(alt)
 
     def while_statement(self, node: Node) -> None:
-        cond = self.expr(self.condition_value(node.child_by_field_name("condition")))
+        cond_node = self.condition_value(node.child_by_field_name("condition"))
+        cond = self.exact(self.expr(cond_node), cond_node)
         self.emit(f"while {strip_parens(cond.code)}:", node)
         self.func.loops.append(None)
         self.body(node.child_by_field_name("body"))
@@ -318,7 +359,7 @@ class Statements:
                 for part in self.comma_parts(init):
                     self.simple_statement(part, init)
         cond_node = node.child_by_field_name("condition")
-        cond = self.expr(cond_node).code if cond_node is not None else "True"
+        cond = self.exact(self.expr(cond_node), cond_node).code if cond_node is not None else "True"
         update = node.child_by_field_name("update")
         update_lines = []
         if update is not None:
@@ -383,18 +424,45 @@ class Statements:
             return None
         if self.assigns(node.child_by_field_name("body"), var):
             return None
+        # C types: the variable has type T; the comparison converts it and the bound to their common type
+        var_type = base.np if base.kind == "int" else start.ctype.np
+        tlo, thi = int_bounds(var_type)
+        slo, shi = start.ctype.bounds
+        if start.wrapped or start.raw or not tlo <= slo <= shi <= thi:
+            return None  # the start narrows: the while form converts it
+        cmp_type = common_int(var_type, bound.ctype.np)
+        bound = self.exact(self.as_int(bound, cmp_type, bound_node), bound_node)
+        blo, bhi = bound.ctype.bounds
+        step_value = int(self.try_evaluate(step_code))
+        # NOTES: range() is exact when the variable's values convert unchanged in the comparison and stepping past
+        # the bound cannot wrap the variable (unsigned, or narrower than int: modular in C, an endless loop).
+        modular = not INT_TYPES[var_type][1] or INT_TYPES[var_type][0] < 32
         if step_sign > 0 and op in ("<", "<="):
+            if not INT_TYPES[cmp_type][1] and slo < 0:
+                return None
+            last = bhi - 1 if op == "<" else bhi
+            if modular and last + step_value > thi:
+                return None
             stop = bound.code if op == "<" else f"{bound.code} + 1"
             step = "" if step_code == "1" else f", {step_code}"
+            lo, hi = slo, max(slo, min(last, thi))
         elif step_sign < 0 and op in (">", ">="):
+            first = blo + 1 if op == ">" else blo
+            if modular and first - step_value < tlo:
+                if op == ">=" and not INT_TYPES[var_type][1] and bhi <= 0:
+                    raise self.error(cond, f"{var} >= {self.text(bound_node)} is always true for an unsigned "
+                                           f"{var_type}: the loop never ends in C")
+                return None
+            if not INT_TYPES[cmp_type][1] and first < 0:
+                return None
             stop = bound.code if op == ">" else f"{bound.code} - 1"
             step = f", -{step_code}" if step_code.isidentifier() or step_code.isdigit() else f", -({step_code})"
+            lo, hi = min(shi, max(first, tlo)), shi
         else:
             return None
-        nonneg = start.ctype.nonneg and step_sign > 0
         start_code = strip_parens(start.code)
         args = strip_parens(stop) if start_code == "0" and not step else f"{start_code}, {strip_parens(stop)}{step}"
-        return var, args, int_ctype(nonneg)
+        return var, args, int_value(var_type, lo, hi)
 
     def try_evaluate(self, code: str):
         try:
@@ -426,7 +494,7 @@ class Statements:
             raise self.error(node, "a void function returns no value")
         value = self.expr(values[0])
         if ret.kind in ("int", "float", "bool"):
-            value = self.convert(value, ret)
+            value = self.convert(value, ret, node)
         self.emit(f"return {strip_parens(value.code)}", node)
 
     def static_assert(self, node: Node) -> None:

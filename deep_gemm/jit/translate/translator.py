@@ -12,7 +12,7 @@ from tree_sitter import Node
 from .. import enums
 from ..cruntime import c_div, c_mod
 from ..errors import TranslateError
-from .ctype import Conversions, scalar_ctype
+from .ctype import Conversions, int_value, scalar_ctype
 from .diagnostics import Diagnostics
 from .emitter import Emitter, Translation
 from .entry import EntryABI, FuncSig
@@ -124,8 +124,10 @@ class Translator(Diagnostics, TreeQueries, Emitter, Conversions, EntryABI, State
         if name == "NUM_AI_CORES" and (not isinstance(value, (int, np.integer)) or value < 1):
             raise self.error(node, f"NUM_AI_CORES must be a positive integer, got {value!r}")
         self.module_values[name] = value
-        nonneg = isinstance(value, (int, np.integer)) and value >= 0
-        self.module_consts[name] = Sym(scalar_ctype(np_name, nonneg), const=True)
+        ctype = scalar_ctype(np_name)
+        if ctype.kind == "int":
+            ctype = int_value(np_name, int(value), int(value))
+        self.module_consts[name] = Sym(ctype, const=True)
         self.emit(f"{name} = {self.literal(value, np_name)}", node)
 
     def evaluate(self, code: str, node: Node, what: str):
