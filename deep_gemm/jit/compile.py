@@ -27,7 +27,7 @@ from .. import envs
 from . import cache, numba_cache
 from .errors import CompileError, JITError, RenderError, TranslateError
 from .numba_setup import KERNEL_MODULE_MARK, apply_numba_settings
-from .render import normalize_constants, render
+from .render import normalize_constants, render_lines
 
 DEFAULT_DEVICE_MODULE = "deep_gemm.device"
 
@@ -364,7 +364,7 @@ def _build_locked(name, constants, template, template_dir, device_module) -> Com
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     try:
-        rendered = render(template, constants, template_dir)
+        rendered, line_map = render_lines(template, constants, template_dir)
     except RenderError as e:
         e.with_context(kernel=name)
         raise
@@ -391,8 +391,8 @@ def _build_locked(name, constants, template, template_dir, device_module) -> Com
             if root == roots.write and not usable:
                 writable = False  # the damaged entry could not be moved aside: this root cannot take a new one
     if kernel is None:
-        kernel = _build_new(roots.write if writable else None, name, digest, components, rendered, constants,
-                            template, device_module, timings)
+        kernel = _build_new(roots.write if writable else None, name, digest, components, rendered, line_map,
+                            constants, template, device_module, timings)
     _by_digest[digest] = kernel
     _by_module[kernel.module.__name__] = kernel
     _install_numba_listener()
@@ -442,7 +442,7 @@ def _report_corrupt(path: Path, problem: str, action: str) -> None:
                                                  f"Fix: remove it (rm -rf {path}) or run scripts/clear_cache.py")
 
 
-def _build_new(root: Path | None, name, digest, components, rendered, constants, template, device_module,
+def _build_new(root: Path | None, name, digest, components, rendered, line_map, constants, template, device_module,
                timings) -> CompiledKernel:
     """Translate and publish a new entry under ``root``, then import it; in memory when ``root`` is None or
     cannot be written (ENOSPC, EROFS, EACCES, ...: one warning per process, no partial directory left)."""
@@ -451,7 +451,7 @@ def _build_new(root: Path | None, name, digest, components, rendered, constants,
     t0 = time.perf_counter()
     try:
         translation = translate(rendered, template=f"{template} (rendered)", constants=constants,
-                                device_module=device_module)
+                                device_module=device_module, line_map=line_map)
     except TranslateError as e:
         consts = " ".join(f"--const {k}={_cli_value(v)}" for k, v in sorted(constants.items()))
         e.detail += (f"\nreproduce: {cache.python_command()} -m deep_gemm.jit.dump --template {template} {consts}"

@@ -41,15 +41,15 @@ def _section(title: str, text: str) -> None:
 
 def dump_template(args) -> int:
     from .compile import DEFAULT_DEVICE_MODULE
-    from .render import render
+    from .render import render_lines
     from .translate import translate
 
     constants = dict(args.const or [])
-    rendered = render(args.template, constants, args.template_dir)
+    rendered, line_map = render_lines(args.template, constants, args.template_dir)
     if args.what in ("asc", "both"):
         _section(f"{args.template} (rendered)", rendered)
     translation = translate(rendered, template=f"{args.template} (rendered)", constants=constants,
-                            device_module=args.device_module or DEFAULT_DEVICE_MODULE)
+                            device_module=args.device_module or DEFAULT_DEVICE_MODULE, line_map=line_map)
     if args.what in ("py", "both"):
         _section("kernel.py (translated)", translation.python)
     return 0

@@ -82,3 +82,80 @@ def test_raw_qualifiers_are_errors_for_tree_sitter_but_not_after_expansion():
     root, _, hits = parse(source)
     assert not root.has_error
     assert hits == [(source.index("__global__"), "__global__")]
+
+
+LINE_TEMPLATE = """\
+{#- a comment block
+    over two lines -#}
+{%- set X = 3 %}
+{%- import "lib.asc.j2" as lib %}
+// kernel
+constexpr int32_t A = {{ X }};
+{#- a one-line comment #}
+__aicore__ inline int32_t f(int32_t a) {
+    {%- if X > 1 %}
+    int32_t b = a * A;
+    {%- endif %}
+    return b;
+}
+{{ lib.helper() }}
+extern "C" __global__ __aicore__ void k() {}
+"""
+LINE_LIBRARY = """\
+{% macro helper() -%}
+__aicore__ inline int32_t g(int32_t a) {
+    {%- for i in range(2) %}
+    a = a + {{ i }};
+    {%- endfor %}
+    return a;
+}
+{%- endmacro %}
+"""
+
+
+def test_rendered_lines_map_to_template_lines_after_whitespace_control(tmp_path):
+    from deep_gemm.jit.render import render_lines
+
+    (tmp_path / "lines.asc.j2").write_text(LINE_TEMPLATE)
+    (tmp_path / "lib.asc.j2").write_text(LINE_LIBRARY)
+    text, line_map = render_lines("lines", {}, tmp_path)
+    assert text == render("lines", {}, tmp_path)  # the marks leave the text as jinja renders it
+    assert "\x1f" not in text and len(line_map.lines) == len(text.split("\n"))
+    template_lines, library_lines = LINE_TEMPLATE.split("\n"), LINE_LIBRARY.split("\n")
+    checked = 0
+    for rendered, (file, line) in zip(text.split("\n"), line_map.lines, strict=True):
+        if not rendered.strip():
+            continue
+        source = (template_lines if file == "lines.asc.j2" else library_lines)[line - 1]
+        # every rendered line is the template line it names, with jinja expressions filled in
+        assert rendered.strip().split(" ")[0] in source, (rendered, file, line, source)
+        checked += 1
+    assert checked == 12
+    # the whitespace control shifted the rendered lines: without the map `# L<n>` would drift
+    kernel_line = text.split("\n").index("// kernel") + 1
+    assert kernel_line != 5 and line_map.tag(kernel_line) == "L5"
+
+
+def test_kernel_py_line_tags_are_template_lines(tmp_path):
+    from deep_gemm.jit.render import render_lines
+    from deep_gemm.jit.translate import translate
+
+    (tmp_path / "lines.asc.j2").write_text(LINE_TEMPLATE)
+    (tmp_path / "lib.asc.j2").write_text(LINE_LIBRARY)
+    text, line_map = render_lines("lines", {}, tmp_path)
+    py = translate(text, template="lines", constants={"NUM_AI_CORES": 2}, device_module="deep_gemm.jit.example_device",
+                   line_map=line_map).python
+    tagged = {line.split("  # ")[0].strip(): line.split("  # ")[1] for line in py.splitlines() if "  # " in line}
+    assert tagged["A = 3"] == "L6" and tagged["def f(a):"] == "L8" and tagged["b = a * A"] == "L10"
+    assert tagged["return b"] == "L12"
+    assert tagged["def g(a):"] == "lib.asc.j2:L2" and tagged["a = a + 0"] == "lib.asc.j2:L4"
+    assert tagged["a = a + 1"] == "lib.asc.j2:L4" and tagged["return a"] == "lib.asc.j2:L6"
+    # without a line map the tags are lines of the rendered source (which here differ)
+    plain = translate(text, template="lines", constants={"NUM_AI_CORES": 2},
+                      device_module="deep_gemm.jit.example_device").python
+    assert "b = a * A  # L10" not in plain
+    # a translate error names the template line as well as the rendered one
+    bad = text.replace("return b;", "return q;")
+    with pytest.raises(JITError, match=r"undeclared identifier 'q' \[template lines.asc.j2:12\]"):
+        translate(bad, template="lines", constants={"NUM_AI_CORES": 2},
+                  device_module="deep_gemm.jit.example_device", line_map=line_map)

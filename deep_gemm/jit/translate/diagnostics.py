@@ -30,9 +30,14 @@ def caret_excerpt(data: bytes, node_or_point, template: str, message: str, end_b
 
 
 class Diagnostics:
-    """Mixin of Translator: errors at a node of the parsed source (reads self.data and self.template)."""
+    """Mixin of Translator: errors at a node of the parsed source (reads self.data, self.template, self.line_map)."""
 
     def error(self, node: Node, message: str) -> TranslateError:
+        line_map = getattr(self, "line_map", None)
+        if line_map is not None and node is not None:  # the position in the template too
+            file, line = line_map.lines[node.start_point[0]] if node.start_point[0] < len(line_map.lines) else \
+                (line_map.template, node.start_point[0] + 1)
+            message = f"{message} [template {file}:{line}]"
         return TranslateError(caret_excerpt(self.data, node, self.template, message))
 
     def error_raise(self, node: Node, message: str):

@@ -12,6 +12,7 @@ from tree_sitter import Node
 from .. import enums
 from ..cruntime import c_div, c_mod
 from ..errors import TranslateError
+from ..render import LineMap
 from .ctype import Conversions, int_value, scalar_ctype
 from .diagnostics import Diagnostics
 from .emitter import Emitter, Translation
@@ -31,8 +32,9 @@ class Translator(Diagnostics, TreeQueries, Emitter, Conversions, EntryABI, State
     """One translation of one rendered source. Use translate() rather than this class."""
 
     def __init__(self, source: str, template: str, constants: dict[str, object], device_exports: set[str],
-                 device_module: str):
+                 device_module: str, line_map: LineMap | None = None):
         self.template = template
+        self.line_map = line_map
         self.constants = constants
         self.device_exports = device_exports
         self.device_module = device_module
@@ -180,12 +182,15 @@ def device_exports(module_name: str) -> set[str]:
 
 
 def translate(source: str, *, template: str = "<source>", constants: dict | None = None,
-              device_module: str = "deep_gemm.device", exports: set[str] | None = None) -> Translation:
+              device_module: str = "deep_gemm.device", exports: set[str] | None = None,
+              line_map: LineMap | None = None) -> Translation:
     """Translate rendered C++ into Python (see SUBSET). Raises TranslateError at the first unsupported construct.
 
     ``template`` names the source in messages; ``constants`` are the build constants (NUM_AI_CORES is read from
-    them when the source does not declare it); ``exports`` overrides the device names (default: the module's).
+    them when the source does not declare it); ``exports`` overrides the device names (default: the module's);
+    ``line_map`` (render.render_lines) turns the `# L<n>` tags and error positions into template lines (without
+    it they are lines of the source).
     """
     if exports is None:
         exports = device_exports(device_module)
-    return Translator(source, template, dict(constants or {}), set(exports), device_module).run()
+    return Translator(source, template, dict(constants or {}), set(exports), device_module, line_map).run()
