@@ -20,10 +20,13 @@ from deep_gemm.jit.translate import translate
 # rule -> (C functions, [(function, args, the C value)]); every function returns int64_t or bool
 CASES: dict[str, tuple[str, list[tuple[str, tuple, int]]]] = {
     "narrowing_on_initialisation": ("""
+        constexpr uint8_t NARROW = 300;
+        constexpr int8_t NEG = 200;
+        __aicore__ inline int64_t consts() { return NARROW + NEG; }
         __aicore__ inline int64_t init_u8(uint32_t a) { uint8_t x = a + 250; return x; }
         __aicore__ inline int64_t init_i8(int32_t a) { int8_t x = a; return x; }
         __aicore__ inline int64_t init_u16_const(int32_t a) { const uint16_t x = a * 1000; return x; }
-        """, [("init_u8", (10,), 4), ("init_u8", (5,), 255), ("init_u8", (0,), 250),
+        """, [("consts", (), 44 - 56), ("init_u8", (10,), 4), ("init_u8", (5,), 255), ("init_u8", (0,), 250),
               ("init_i8", (200,), -56), ("init_i8", (-129,), 127), ("init_i8", (-128,), -128),
               ("init_u16_const", (70,), 70000 - 65536), ("init_u16_const", (-1,), 65536 - 1000)]),
     "narrowing_on_assignment": ("""

@@ -39,6 +39,15 @@ Expressions: + - * / % (C truncating integer division), comparisons, && || !, & 
   (enums.py), GetBlockIdx()/GetBlockNum(), t.GetValue(i) / t.SetValue(i, v) / t.GetSize(), calls of template
   functions and of device exports, with template arguments passed first: F<HardEvent::X, float>(a) -> F(HardEvent_X,
   np.float32, a).
+Integers follow C (ctype.py): literals take C's type (int, unsigned, long, by value, suffix and base); operands are
+  promoted and brought to a common type by the usual arithmetic conversions (so `-1 < u` is false for an unsigned
+  u); unsigned results wrap modulo 2**bits and initialisation, assignment, compound assignment, ++/--, arguments,
+  returns and casts narrow modulo 2**bits (gcc's rule for signed targets). The generated code computes in int64
+  and tracks each value's bounds: it masks (`& 0xffffffff`) only where C's value can differ from the int64 one,
+  and lazily (at a comparison, /, %, >>, a conversion, an index or a call). Signed overflow is undefined in C and
+  left as the int64 value. Array stores narrow by numba's truncating store. Refused with a caret: a uint64_t value
+  that may wrap or reach 2**63 where its exact value matters, a constant shift count outside the type's width, an
+  unsigned counted loop that can never end (`i >= 0`). A counted `for` becomes `range` only when that is exact.
 """
 
 __all__ = [

@@ -56,8 +56,7 @@ class Emitter:
     def tag_legend(self) -> str:
         if self.line_map is None:
             return "`# L<n>` = line n of kernel.asc (the rendered source)."
-        return (f"`# L<n>` = line n of the template {self.line_map.template}; `# <file>:L<n>` = line n of a template "
-                "it imports.")
+        return f"`# L<n>` = line n of {self.line_map.template}, `# <file>:L<n>` = of a template it imports."
 
     def finish(self) -> Translation:
         header = [
