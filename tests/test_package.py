@@ -58,3 +58,9 @@ def test_readme_quick_start_runs():
     block = re.search(r"## Quick start\n\n```python\n(.*?)```", readme, flags=re.S).group(1)
     with deep_gemm.runtime_scope():  # the snippet changes the core count; restore it for the other tests
         exec(compile(block, "README.md quick start", "exec"), {})
+
+
+def test_readme_moe_example_runs():
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"An MoE layer, end to end.*?```python\n(.*?)```", readme, flags=re.S).group(1)
+    exec(compile(block, "README.md MoE example", "exec"), {})
