@@ -1,6 +1,6 @@
 """Testing helpers (public, like DeepGEMM's): metrics, the numpy reference GEMM, CPU timing, test-data generators."""
 
-from .bench import PairedTiming, bench, bench_paired
+from .bench import STEADY_PROTOCOL, PairedTiming, SteadyTiming, bench, bench_paired, bench_steady
 from .generators import (
     FP4_SF_CHOICES,
     FP8_SF_CHOICES,
@@ -19,7 +19,7 @@ from .reference import dequantize_fp4, dequantize_fp8, reference_gemm
 __all__ = [
     "calc_diff", "count_bytes", "assert_bitwise_equal",
     "dequantize_fp8", "dequantize_fp4", "reference_gemm",
-    "bench", "bench_paired", "PairedTiming", "par_compile",
+    "bench", "bench_paired", "PairedTiming", "bench_steady", "SteadyTiming", "STEADY_PROTOCOL", "par_compile",
     "fp8_operand", "fp4_operand", "bf16_operand", "random_fp8_codes", "random_fp4_codes", "random_sf",
     "grouped_layouts",
     "FP8_SF_CHOICES", "FP4_SF_CHOICES",

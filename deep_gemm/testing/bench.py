@@ -1,4 +1,5 @@
-"""Wall-clock timing on the CPU: median of repeated calls, and paired A/B timing that interleaves the two calls.
+"""Wall-clock timing on the CPU: the steady-state protocol the benches use to compare libraries
+(``bench_steady``), the median of repeated calls (``bench``) and paired A/B timing (``bench_paired``).
 
 CPU numbers only (the modelled chip time comes from ``deep_gemm.estimate``); medians resist noisy neighbours.
 """
@@ -7,7 +8,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import NamedTuple
 
 
@@ -80,3 +82,75 @@ def bench_paired(
         times_b.append(tb)
         ratios.append(ta / tb if tb > 0 else float("inf"))
     return PairedTiming(statistics.median(times_a), statistics.median(times_b), statistics.median(ratios))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The steady-state protocol
+# ---------------------------------------------------------------------------------------------------------------
+STEADY_PROTOCOL = """\
+Timing protocol (deep_gemm.testing.bench_steady): each library is timed in its own steady state, the way a model
+runs layer after layer with one library. A block is CALLS+1 back-to-back calls of one library; its first call is
+discarded (it pays for the previous library's threads going idle or still spinning, caches filled by someone
+else), and the block's figure is the mean of the other CALLS calls. The libraries' blocks alternate, in an order
+rotated every round (A B C, B C A, C A B, ...) so none always follows the same neighbour; after BLOCKS rounds each
+library's time is the median of its block figures, and a ratio of two libraries is the median over rounds of
+their block ratios (slow drifts of the machine cancel within a round)."""
+
+
+@dataclass(frozen=True)
+class SteadyTiming:
+    """What ``bench_steady`` measured: per library (by name) its block figures, seconds per call, in round order."""
+
+    blocks: dict[str, tuple[float, ...]]
+
+    def median(self, name: str) -> float:
+        """Seconds per call of library ``name``: the median of its block figures."""
+        return statistics.median(self.blocks[name])
+
+    def ratio(self, name_a: str, name_b: str) -> float:
+        """Median over rounds of (block figure of ``name_a``) / (block figure of ``name_b``): > 1 when a is slower."""
+        pairs = zip(self.blocks[name_a], self.blocks[name_b], strict=True)
+        return statistics.median(ta / tb if tb > 0 else float("inf") for ta, tb in pairs)
+
+    def speedup(self, name: str, over: str) -> float:
+        """How many times faster ``name`` runs than ``over`` (``ratio(over, name)``)."""
+        return self.ratio(over, name)
+
+
+def bench_steady(
+    fns: Mapping[str, Callable[[], object]],
+    num_blocks: int = 5,
+    calls_per_block: int = 3,
+    num_warmups: int = 1,
+) -> SteadyTiming:
+    """Time several libraries solving the same problem, each in its own steady state (see ``STEADY_PROTOCOL``).
+
+    ``fns`` maps a library's name to a zero-argument call of it. First ``num_warmups`` untimed calls of each
+    library (compiles, JIT traces, first-touch allocations); then ``num_blocks`` rounds. In round r the libraries
+    run in their given order rotated by r, each as one block: 1 discarded call, then ``calls_per_block`` timed
+    back-to-back calls whose mean is the block's figure. Returns every block figure (seconds per call).
+    """
+    if not isinstance(fns, Mapping) or not fns:
+        raise ValueError(f"fns must be a non-empty mapping of name -> callable, got fns={fns!r}")
+    for name, fn in fns.items():
+        if not callable(fn):
+            raise TypeError(f"fns[{name!r}] must be callable, got {fn!r}")
+    _check_count("num_blocks", num_blocks, 1)
+    _check_count("calls_per_block", calls_per_block, 1)
+    _check_count("num_warmups", num_warmups, 0)
+
+    names = list(fns)
+    for name in names:
+        for _ in range(num_warmups):
+            fns[name]()
+    blocks: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(num_blocks):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn = fns[name]
+            fn()  # NOTES: discarded: the transition from the previous library's block lands here
+            start = _clock()
+            for _ in range(calls_per_block):
+                fn()
+            blocks[name].append((_clock() - start) / calls_per_block)
+    return SteadyTiming({name: tuple(times) for name, times in blocks.items()})

@@ -1,4 +1,5 @@
-"""bench / bench_paired on a fake clock: call counts, order alternation and the medians (no wall-clock asserts)."""
+"""bench / bench_paired / bench_steady on a fake clock: call counts, order alternation, discarded calls and the
+medians (no wall-clock asserts)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import importlib
 
 import pytest
 
-from deep_gemm.testing import bench, bench_paired
+from deep_gemm.testing import STEADY_PROTOCOL, bench, bench_paired, bench_steady
 
 # NOTES: the package re-exports the function `bench`, which shadows the submodule of the same name.
 bench_mod = importlib.import_module("deep_gemm.testing.bench")
@@ -69,3 +70,63 @@ def test_bench_paired_settle_sleeps_before_every_timed_call(monkeypatch):
     assert sleeps == [0.25] * 6
     with pytest.raises(ValueError, match="settle"):
         bench_mod.bench_paired(lambda: None, lambda: None, settle=-1.0)
+
+
+def test_bench_steady_blocks_rotate_and_discard_first_call(clock):
+    res = bench_steady({"a": clock.work("a", 1.0), "b": clock.work("b", 1.0), "c": clock.work("c", 1.0)},
+                       num_blocks=3, calls_per_block=2, num_warmups=1)
+    # warm-ups, then per round each library's block of 1 discarded + 2 timed calls, order rotated per round
+    assert clock.log == (["a", "b", "c"] + ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["b"] * 3 + ["c"] * 3 + ["a"] * 3
+                         + ["c"] * 3 + ["a"] * 3 + ["b"] * 3)
+    assert res.blocks == {"a": (1.0, 1.0, 1.0), "b": (1.0, 1.0, 1.0), "c": (1.0, 1.0, 1.0)}
+
+
+def test_bench_steady_block_figure_excludes_the_first_call(clock):
+    # Each block's first call is slow (a transition from the other library); the steady calls cost 2 and 4.
+    def cost_of(steady):
+        calls = {"n": 0}
+
+        def cost(_n):
+            calls["n"] += 1
+            return 100.0 if calls["n"] % 3 == 1 else steady
+        return cost
+
+    res = bench_steady({"a": clock.work("a", cost_of(2.0)), "b": clock.work("b", cost_of(4.0))},
+                       num_blocks=4, calls_per_block=2, num_warmups=0)
+    assert res.blocks == {"a": (2.0,) * 4, "b": (4.0,) * 4}
+    assert res.median("a") == 2.0 and res.median("b") == 4.0
+    assert res.ratio("b", "a") == 2.0 and res.speedup("a", over="b") == 2.0
+
+
+def test_bench_steady_medians_over_blocks_and_per_round_ratios(clock):
+    # Block figures (mean of the 2 timed calls): a = 3, 5, 30 (a noisy round), b = 2, 10, 10.
+    a_costs = iter([0.0, 2.0, 4.0, 0.0, 5.0, 5.0, 0.0, 30.0, 30.0])
+    b_costs = iter([0.0, 2.0, 2.0, 0.0, 10.0, 10.0, 0.0, 10.0, 10.0])
+    res = bench_steady({"a": clock.work("a", lambda _n: next(a_costs)), "b": clock.work("b", lambda _n: next(b_costs))},
+                       num_blocks=3, calls_per_block=2, num_warmups=0)
+    assert res.blocks == {"a": (3.0, 5.0, 30.0), "b": (2.0, 10.0, 10.0)}
+    assert res.median("a") == 5.0 and res.median("b") == 10.0
+    assert res.ratio("a", "b") == 1.5  # per-round ratios 1.5, 0.5, 3 -> median 1.5 (not 5 / 10)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(num_blocks=0), "num_blocks=0"), (dict(calls_per_block=0), "calls_per_block=0"),
+    (dict(num_warmups=-1), "num_warmups=-1"), (dict(num_blocks=2.5), "num_blocks=2.5"),
+])
+def test_bench_steady_bad_counts(kwargs, match):
+    calls = []
+    with pytest.raises(ValueError, match=match):
+        bench_steady({"a": lambda: calls.append(1)}, **kwargs)
+    assert calls == []  # rejected before any call
+
+
+def test_bench_steady_bad_fns():
+    with pytest.raises(ValueError, match="fns"):
+        bench_steady({})
+    with pytest.raises(TypeError, match="fns\\['x'\\]"):
+        bench_steady({"x": 3})
+
+
+def test_steady_protocol_text_names_the_rules():
+    for words in ("back-to-back", "discarded", "median", "rotated"):
+        assert words in STEADY_PROTOCOL
