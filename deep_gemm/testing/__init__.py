@@ -1,4 +1,6 @@
-"""Testing helpers (public, like DeepGEMM's): metrics, the numpy reference GEMM, CPU timing, test-data generators."""
+"""Testing helpers (public, like DeepGEMM's): metrics, the numpy reference GEMM, CPU timing (the steady-state
+protocol, the machine's description and FMA peak, the numpy / JAX peers the benches compare with), test-data
+generators."""
 
 from .bench import STEADY_PROTOCOL, PairedTiming, SteadyTiming, bench, bench_paired, bench_steady
 from .generators import (
@@ -13,7 +15,9 @@ from .generators import (
     random_sf,
 )
 from .numeric import assert_bitwise_equal, calc_diff, count_bytes
+from .machine import FmaPeak, describe_machine, measure_fma_peak
 from .par_compile import par_compile
+from .peers import jax_version, numpy_fp4_gemm, numpy_fp8_gemm, numpy_fp8_gemm_naive
 from .reference import dequantize_fp4, dequantize_fp8, reference_gemm
 
 __all__ = [
@@ -22,5 +26,7 @@ __all__ = [
     "bench", "bench_paired", "PairedTiming", "bench_steady", "SteadyTiming", "STEADY_PROTOCOL", "par_compile",
     "fp8_operand", "fp4_operand", "bf16_operand", "random_fp8_codes", "random_fp4_codes", "random_sf",
     "grouped_layouts",
+    "describe_machine", "measure_fma_peak", "FmaPeak",
+    "numpy_fp8_gemm", "numpy_fp4_gemm", "numpy_fp8_gemm_naive", "jax_version",
     "FP8_SF_CHOICES", "FP4_SF_CHOICES",
 ]

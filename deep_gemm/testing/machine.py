@@ -1,0 +1,234 @@
+"""The machine the benches run on: a description (CPU model, the ISA features that set the FMA rate, cores, numpy's
+BLAS and its threads) and the measured fp32 FMA peak (independent vector FMAs on every CPU thread at once).
+
+The peak is the physical limit every GEMM row is a fraction of; it is measured, not looked up, because VMs and
+shared hosts rarely run at the nominal clock. Not here: timing of library calls (bench.py).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+# ISA features that decide how many fp32 FMAs a core can issue per cycle (LLVM's names).
+ISA_FEATURES = ("sse4.2", "avx", "avx2", "fma", "avx512f", "avx512bf16", "amx-bf16")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Description
+# ---------------------------------------------------------------------------------------------------------------
+def cpu_model() -> str:
+    """The CPU's marketing name (/proc/cpuinfo on Linux, else platform.processor()), or 'unknown'."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def isa_features() -> dict[str, bool]:
+    """{feature: present} for ``ISA_FEATURES``, as LLVM (hence numba) sees the host."""
+    import llvmlite.binding as llvm
+
+    flags = set(llvm.get_host_cpu_features().flatten().split(","))
+    return {name: f"+{name}" in flags for name in ISA_FEATURES}
+
+
+def blas_info() -> list[dict[str, object]]:
+    """numpy's BLAS libraries: [{'name', 'version', 'threads', 'source'}]. Threads come from threadpoolctl when it
+    is importable (the live setting); otherwise from numpy.show_config and the usual environment variables."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        threadpool_info = None
+    if threadpool_info is not None:
+        found = [
+            {"name": f"{p.get('internal_api')} ({os.path.basename(str(p.get('filepath', '')))})",
+             "version": p.get("version"), "threads": p.get("num_threads"),
+             "arch": p.get("architecture"), "source": "threadpoolctl"}
+            for p in threadpool_info() if p.get("user_api") == "blas"
+        ]
+        if found:
+            return found
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        name, version = blas.get("name"), blas.get("version")
+    except Exception:  # NOTES: show_config's layout differs across numpy releases; describing is best effort
+        name, version = "unknown", None
+    env = next((f"{v}={os.environ[v]}" for v in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
+                if v in os.environ), f"default (likely {os.cpu_count()})")
+    return [{"name": name, "version": version, "threads": env, "arch": None, "source": "numpy.show_config"}]
+
+
+def describe_machine() -> str:
+    """One paragraph: CPU model, logical CPUs usable by this process, ISA features, numba threads, numpy + BLAS."""
+    import numba
+
+    isa = isa_features()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    blas = "; ".join(
+        f"{b['name']} {b['version'] or ''} threads {b['threads']}" + (f" arch {b['arch']}" if b["arch"] else "")
+        for b in blas_info())
+    return (f"CPU {cpu_model()} ({platform.machine()}), {os.cpu_count()} logical CPUs ({usable} usable); ISA "
+            + " ".join(f"{k}{'+' if v else '-'}" for k, v in isa.items())
+            + f"; numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads); numpy {np.__version__}, "
+            f"BLAS {blas}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FMA peak
+# ---------------------------------------------------------------------------------------------------------------
+# NOTES: 12 independent vector accumulators: enough to cover FMA latency x issue width on current x86 (4 x 2 on
+# Intel, 5 x 2 on AMD), few enough to stay in 16 ymm registers on AVX2 without spilling.
+NUM_ACCUMULATORS = 12
+
+_kernel = None
+_kernel_lanes = 0
+
+
+def _build_kernel():
+    """The njit(nogil) FMA loop ``f(n_iters, x) -> float32``: NUM_ACCUMULATORS vector chains of width LANES, each
+    step ``acc = fma(acc, x, c)``; returns a sum of the accumulators so the loop cannot be removed."""
+    global _kernel, _kernel_lanes
+    if _kernel is not None:
+        return _kernel, _kernel_lanes
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    from ..jit.numba_setup import apply_numba_settings, vector_width_bits
+
+    apply_numba_settings()  # the same vector width the stand-in's micro-kernel gets
+    lanes = max(vector_width_bits() // 32, 4)
+    f32 = ir.FloatType()
+    vty = ir.VectorType(f32, lanes)
+
+    @intrinsic
+    def fma_chains(typingctx, n_iters, x):
+        def codegen(context, builder, signature, args):
+            intp = context.get_value_type(types.intp)
+            n = context.cast(builder, args[0], signature.args[0], types.intp)
+            x32 = context.cast(builder, args[1], signature.args[1], types.float32)
+            xs = builder.insert_element(ir.Constant(vty, ir.Undefined), x32, ir.Constant(ir.IntType(32), 0))
+            xs = builder.shuffle_vector(xs, ir.Constant(vty, ir.Undefined), ir.Constant(
+                ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+            c = ir.Constant(vty, [1e-7] * lanes)
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty, vty, vty]),
+                                                 f"llvm.fma.v{lanes}f32")
+            init = [ir.Constant(vty, [1.0 + 0.01 * i] * lanes) for i in range(NUM_ACCUMULATORS)]
+            pre = builder.block
+            loop = builder.append_basic_block("fma.loop")
+            done = builder.append_basic_block("fma.done")
+            builder.cbranch(builder.icmp_signed(">", n, ir.Constant(intp, 0)), loop, done)
+            builder.position_at_end(loop)
+            i = builder.phi(intp)
+            i.add_incoming(ir.Constant(intp, 0), pre)
+            accs = []
+            for v in init:
+                phi = builder.phi(vty)
+                phi.add_incoming(v, pre)
+                accs.append(phi)
+            new = [builder.call(fma, [acc, xs, c]) for acc in accs]
+            i_next = builder.add(i, ir.Constant(intp, 1))
+            for phi, v in zip(accs, new, strict=True):
+                phi.add_incoming(v, loop)
+            i.add_incoming(i_next, loop)
+            builder.cbranch(builder.icmp_signed("<", i_next, n), loop, done)
+            builder.position_at_end(done)
+            finals = []
+            for v0, v in zip(init, new, strict=True):
+                phi = builder.phi(vty)
+                phi.add_incoming(v0, pre)
+                phi.add_incoming(v, loop)
+                finals.append(phi)
+            total = finals[0]
+            for v in finals[1:]:
+                total = builder.fadd(total, v)
+            out = builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
+            for j in range(1, lanes):
+                out = builder.fadd(out, builder.extract_element(total, ir.Constant(ir.IntType(32), j)))
+            return out
+
+        if not (isinstance(n_iters, types.Integer) and isinstance(x, types.Float)):
+            return None
+        return types.float32(n_iters, x), codegen
+
+    @njit(nogil=True)
+    def fma_loop(n_iters, x):
+        return fma_chains(n_iters, x)
+
+    fma_loop(np.intp(1), np.float32(0.999))  # compile
+    _kernel, _kernel_lanes = fma_loop, lanes
+    return _kernel, _kernel_lanes
+
+
+@dataclass(frozen=True)
+class FmaPeak:
+    """Measured fp32 FMA throughput: GFLOP/s (2 flops per FMA lane) on ``threads`` threads at once and on one."""
+
+    gflops: float  # all threads at once
+    gflops_one_thread: float
+    threads: int
+    vector_bits: int  # width of the FMAs measured (the stand-in's micro-kernel uses the same)
+
+    def fraction(self, gflops: float) -> float:
+        """``gflops`` as a fraction of the all-threads peak."""
+        return gflops / self.gflops
+
+
+def _run_threads(fn, n_iters: int, threads: int) -> float:
+    """Wall seconds for ``threads`` threads each running fn(n_iters) from one barrier to the last join."""
+    barrier = threading.Barrier(threads + 1)
+    sink = []
+
+    def work():
+        barrier.wait()
+        sink.append(fn(np.intp(n_iters), np.float32(0.999999)))
+
+    workers = [threading.Thread(target=work, daemon=True) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for w in workers:
+        w.join()
+    return time.perf_counter() - start
+
+
+def measure_fma_peak(threads: int | None = None, seconds: float = 0.2, repeats: int = 5) -> FmaPeak:
+    """Measure the fp32 FMA peak: every thread runs NUM_ACCUMULATORS independent vector FMA chains for about
+    ``seconds``; the best of ``repeats`` runs (other load only ever lowers it) on ``threads`` threads (default:
+    the CPUs this process may use) and on one thread. Compiles a small numba kernel on first use."""
+    if threads is None:
+        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an int >= 1, got threads={threads!r}")
+    if not seconds > 0:
+        raise ValueError(f"seconds must be > 0, got seconds={seconds!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got repeats={repeats!r}")
+    fn, lanes = _build_kernel()
+    flops_per_iter = 2 * lanes * NUM_ACCUMULATORS
+    # Calibrate on one thread: grow the loop until it runs for a measurable time, then scale to ``seconds``.
+    n_iters = 1 << 16
+    while True:
+        t = _run_threads(fn, n_iters, 1)
+        if t > 0.02 or n_iters > 1 << 34:
+            break
+        n_iters *= 4
+    n_iters = max(1, int(n_iters * seconds / t))
+
+    def best(num: int) -> float:
+        return max(flops_per_iter * n_iters * num / _run_threads(fn, n_iters, num) for _ in range(repeats)) / 1e9
+
+    one = best(1)
+    return FmaPeak(best(threads) if threads > 1 else one, one, threads, 32 * lanes)

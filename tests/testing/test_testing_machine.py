@@ -1,0 +1,52 @@
+"""The machine description and the FMA-peak kernel: the kernel really runs n_iters steps of its independent FMA
+chains (checked against a float32 simulation, so the flops it is credited with are done), arguments are checked,
+and the description names the CPU, the ISA and the BLAS (no timing asserted)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from deep_gemm.testing import machine
+
+
+def _simulate(n_iters: int, x: float, lanes: int) -> np.float32:
+    accs = [np.float32(1.0 + 0.01 * i) for i in range(machine.NUM_ACCUMULATORS)]
+    for _ in range(n_iters):
+        # x = 0.5: the product is exact, so the fused and the unfused step round the same way
+        accs = [np.float32(a * np.float32(x) + np.float32(1e-7)) for a in accs]
+    total = accs[0]
+    for a in accs[1:]:
+        total = np.float32(total + a)
+    out = total
+    for _ in range(1, lanes):
+        out = np.float32(out + total)
+    return out
+
+
+@pytest.mark.parametrize("n_iters", [0, 1, 7])
+def test_fma_kernel_runs_every_step(n_iters):
+    fn, lanes = machine._build_kernel()
+    assert lanes * 32 in (128, 256, 512)
+    assert fn(np.intp(n_iters), np.float32(0.5)) == _simulate(n_iters, 0.5, lanes)
+
+
+def test_measure_fma_peak_shape_and_arguments():
+    peak = machine.measure_fma_peak(threads=1, seconds=0.01, repeats=1)
+    assert peak.threads == 1 and peak.gflops > 0 and peak.gflops == peak.gflops_one_thread
+    assert peak.vector_bits == 32 * machine._build_kernel()[1]
+    assert peak.fraction(peak.gflops / 2) == 0.5
+    for kwargs, match in ((dict(threads=0), "threads=0"), (dict(seconds=0), "seconds=0"),
+                          (dict(repeats=0), "repeats=0"), (dict(threads=True), "threads=True")):
+        with pytest.raises(ValueError, match=match):
+            machine.measure_fma_peak(**kwargs)
+
+
+def test_describe_machine_names_cpu_isa_and_blas():
+    text = machine.describe_machine()
+    assert machine.cpu_model() in text
+    for feature in ("avx2", "fma", "avx512f"):
+        assert feature in text
+    assert "BLAS" in text and "threads" in text
+    assert set(machine.isa_features()) == set(machine.ISA_FEATURES)
+    assert machine.blas_info() and all("threads" in b for b in machine.blas_info())
