@@ -14,8 +14,8 @@ from .generators import (
     random_fp8_codes,
     random_sf,
 )
-from .numeric import assert_bitwise_equal, calc_diff, count_bytes
 from .machine import FmaPeak, describe_machine, measure_fma_peak
+from .numeric import assert_bitwise_equal, calc_diff, count_bytes
 from .par_compile import par_compile
 from .peers import jax_version, numpy_fp4_gemm, numpy_fp8_gemm, numpy_fp8_gemm_naive
 from .reference import dequantize_fp4, dequantize_fp8, reference_gemm
