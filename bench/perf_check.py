@@ -1,127 +1,183 @@
-"""The performance targets of the CPU stand-in, checked in one run: each row prints its target, the measured value
-(median of paired runs, stand-in and numpy alternated) and absolute GFLOP/s. CPU numbers only.
+"""The performance targets of the CPU stand-in, checked in one run against the peers a user would pick instead
+(numpy, and JAX when installed): each line prints the target, the measured ratio, the absolute figures of every
+library, and the stand-in's fraction of the machine's measured FMA peak. CPU numbers only.
 
-    python bench/perf_check.py                 # every row
-    python bench/perf_check.py --rows fp8 --pairs 5
+    python bench/perf_check.py                          # every row (a quiet machine; several minutes)
+    python bench/perf_check.py --rows fp8-m16,threads --blocks 3 --calls 2
     python bench/perf_check.py --list
 
-Rows (targets from the performance issue): BF16 GEMM vs numpy fp32 ``a @ b.T`` (>= 0.80x); FP8 GEMM vs numpy decode +
-scale + ``a @ b.T`` (>= 1.0x large, >= 4x at M=128, >= 10x at M=16); 2 threads vs 1 (>= 1.8x); JIT warm load of
-each kernel from the disk cache in a fresh process (<= 0.3 s). Kernels compile on first use (minutes on a cold
-cache); the compile is not timed. Exit status 1 when a row misses its target.
+Rows and targets (same-run ratios):
+  bf16-2048, bf16-4096x7168   BF16 GEMM vs numpy fp32 `a @ b.T`          >= 0.90x
+                              ... vs JAX bf16 jnp.dot (fp32 accumulation) >= 1.2x
+                              ... fraction of the measured FMA peak       >= 0.65
+  fp8-2048, fp8-4096x7168     FP8 GEMM vs the best of numpy and JAX       >= 1.3x
+  fp8-m128 (128x7168x2048)    vs the best numpy >= 3.5x, vs JAX >= 1.5x
+  fp8-m16  (16x7168x2048)     vs the best numpy >= 5x,   vs JAX >= 3x
+  threads                     BF16 4096x7168x2048, 2 threads vs 1         >= 1.85x
+  startup, jit                start-up, dispatch and cold compiles (bench/jit_bench.py's rows, fresh cache)
+The numpy FP8 peer is the strongest numpy formulation (deep_gemm.testing.peers.numpy_fp8_gemm: 256-entry table
+decode, in-place block scaling, fp32 matmul, cast to bf16); the naive astype formulation is printed beside it for
+reference (--no-naive leaves it out). JAX (optional: pip install deep_gemm[peers]) runs the same problem through
+jax.jit: decode + scale + jnp.dot for FP8, jnp.dot(..., preferred_element_type=float32) for BF16, each call waited
+for with block_until_ready; without JAX its checks print as not measured. Kernels compile on their first, untimed
+call. Exit status 1 when a measured row misses its target.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
 import sys
-import textwrap
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
 import deep_gemm
-from deep_gemm.testing import bench_paired as _bench_paired
-from deep_gemm.testing import generators
-
-# NOTES: back to back (the default) a call timed right after numpy's matmul shares the 2 cores with OpenBLAS's
-# worker threads, which keep spinning for ~0.1 s; that slows the stand-in on large shapes (BF16 2048^3: 161 ms back
-# to back, 140 ms settled, one run). A settle pause before every timed call (--settle 0.25) removes that, but also
-# lets numpy's threads fall asleep, which slows numpy more than it helps us on the small-M rows (FP8 M=16: numpy
-# 122 ms back to back, 155 ms settled). Neither is neutral: the README quotes both runs.
-SETTLE_SECONDS = 0.0
-
-
-def bench_paired(fn_a: Callable, fn_b: Callable, num_pairs: int = 7, num_warmups: int = 1):
-    return _bench_paired(fn_a, fn_b, num_pairs, num_warmups, settle=SETTLE_SECONDS)
-
+from deep_gemm.testing import STEADY_PROTOCOL, SteadyTiming, bench_steady, generators, machine, peers
 
 BF16 = ml_dtypes.bfloat16
 LARGE_SHAPES = ((2048, 2048, 2048), (4096, 7168, 2048))
+STANDIN = "stand-in"
+
+
+@dataclass
+class Options:
+    blocks: int = 5
+    calls: int = 3
+    naive: bool = True
+    peak: machine.FmaPeak | None = None
+    jit_root: Path | None = None
 
 
 @dataclass
 class Result:
     name: str
     target: str
-    value: float  # the checked quantity (a speedup or seconds)
-    unit: str  # "x" or "s"
-    passed: bool
+    value: float  # the checked quantity (a ratio, a fraction or seconds); nan when not measured
+    unit: str  # "x", "" (fraction), "s" or "us"
+    passed: bool | None  # None: not measured (a peer is missing)
     detail: str
 
-
-# ---------------------------------------------------------------------------------------------------------------
-# Operands and the numpy baselines a user would otherwise write
-# ---------------------------------------------------------------------------------------------------------------
-def _bf16_case(rng: np.random.Generator, m: int, n: int, k: int):
-    a = generators.bf16_operand(rng, m, k)
-    b = generators.bf16_operand(rng, n, k)
-    return a, b, np.empty((m, n), BF16)
-
-
-def _fp8_case(rng: np.random.Generator, m: int, n: int, k: int):
-    a, sfa = generators.fp8_operand(rng, m, k)
-    b, sfb = generators.fp8_operand(rng, n, k)
-    return (a, sfa), (b, sfb), np.empty((m, n), BF16)
+    def line(self) -> str:
+        verdict = {True: "PASS", False: "FAIL", None: "n/a "}[self.passed]
+        if self.value != self.value:
+            value = "      --"
+        elif self.unit in ("x", ""):
+            value = f"{self.value:7.2f}{self.unit or ' '}"
+        elif self.unit == "us":
+            value = f"{self.value:6.1f}us"
+        else:
+            value = f"{self.value:7.3f}{self.unit}"
+        return f"{verdict}  {self.name:<56} target {self.target:<9} measured {value}  ({self.detail})"
 
 
-def _dequantize(codes: np.ndarray, sf: np.ndarray) -> np.ndarray:
-    """FP8 codes [r, c] times their per-32-block fp32 scales [r, ceil(c/32)] -> fp32 (c a multiple of 32 here)."""
-    x = codes.astype(np.float32)
-    rows, cols = x.shape
-    x.reshape(rows, cols // 32, 32)[...] *= sf[:, :, None]
-    return x
-
-
-def _gflops(m: int, n: int, k: int, seconds: float) -> float:
+def _gflops(shape, seconds: float) -> float:
+    m, n, k = shape
     return 2.0 * m * n * k / seconds / 1e9
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Rows
-# ---------------------------------------------------------------------------------------------------------------
-def _paired_speedup(name: str, target: float, standin: Callable, baseline: Callable, shape, pairs: int) -> Result:
-    """Speedup = numpy time / stand-in time, the median over alternated pairs."""
-    timing = bench_paired(standin, baseline, num_pairs=pairs, num_warmups=1)
-    speedup = 1.0 / timing.median_ratio
-    m, n, k = shape
-    detail = (f"stand-in {timing.median_a * 1e3:9.1f} ms {_gflops(m, n, k, timing.median_a):6.1f} GFLOP/s | "
-              f"numpy {timing.median_b * 1e3:9.1f} ms {_gflops(m, n, k, timing.median_b):6.1f} GFLOP/s")
-    return Result(name, f">= {target:.2f}x", speedup, "x", speedup >= target, detail)
+def _figures(timing: SteadyTiming, shape, peak: machine.FmaPeak | None) -> str:
+    """'name ms GFLOP/s [fraction of peak]' for every library timed."""
+    parts = []
+    for name in timing.blocks:
+        t = timing.median(name)
+        gf = _gflops(shape, t)
+        frac = f" {peak.fraction(gf):.2f} peak" if peak else ""
+        parts.append(f"{name} {t * 1e3:.1f} ms {gf:.1f} GFLOP/s{frac}")
+    return " | ".join(parts)
 
 
-def row_bf16(rng, shape, pairs) -> Result:
+def _check(name: str, target: float, value: float, detail: str, unit: str = "x") -> Result:
+    text = f">= {target:.2f}{unit}"
+    return Result(name, text, value, unit, value >= target, detail)
+
+
+def _missing(name: str, target: float, why: str) -> Result:
+    return Result(name, f">= {target:.2f}x", float("nan"), "x", None, why)
+
+
+def _jax_missing() -> str:
+    return "JAX not installed: pip install deep_gemm[peers]"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GEMM rows: every library of a row is timed in one bench_steady run
+# ---------------------------------------------------------------------------------------------------------------
+def row_bf16(rng, shape, opts: Options) -> list[Result]:
     m, n, k = shape
-    a, b, d = _bf16_case(rng, m, n, k)
+    a, b = generators.bf16_operand(rng, m, k), generators.bf16_operand(rng, n, k)
+    d = np.empty((m, n), BF16)
     a32, b32 = a.astype(np.float32), b.astype(np.float32)
-    return _paired_speedup(f"BF16 {m}x{n}x{k} vs numpy fp32 a @ b.T", 0.80,
-                           lambda: deep_gemm.bf16_gemm_nt(a, b, d), lambda: a32 @ b32.T, shape, pairs)
+    fns: dict[str, Callable] = {STANDIN: lambda: deep_gemm.bf16_gemm_nt(a, b, d), "numpy": lambda: a32 @ b32.T}
+    if peers.jax_version():
+        fns["jax"] = peers.jax_bf16_gemm(a, b)
+    timing = bench_steady(fns, opts.blocks, opts.calls)
+    detail = _figures(timing, shape, opts.peak)
+    label = f"BF16 {m}x{n}x{k}"
+    out = [_check(f"{label} vs numpy fp32 a @ b.T", 0.90, timing.speedup(STANDIN, over="numpy"), detail)]
+    if "jax" in fns:
+        out.append(_check(f"{label} vs JAX jnp.dot (fp32 acc)", 1.2, timing.speedup(STANDIN, over="jax"), detail))
+    else:
+        out.append(_missing(f"{label} vs JAX jnp.dot (fp32 acc)", 1.2, _jax_missing()))
+    if opts.peak is not None:
+        gf = _gflops(shape, timing.median(STANDIN))
+        out.append(Result(f"{label} fraction of the FMA peak", ">= 0.65", opts.peak.fraction(gf), "",
+                          opts.peak.fraction(gf) >= 0.65,
+                          f"stand-in {gf:.1f} GFLOP/s of {opts.peak.gflops:.1f} measured on {opts.peak.threads} "
+                          f"threads"))
+    return out
 
 
-def row_fp8(rng, shape, pairs, target) -> Result:
+def row_fp8(rng, shape, opts: Options, numpy_target: float | None, jax_target: float | None,
+            best_target: float | None) -> list[Result]:
     m, n, k = shape
-    (a, sfa), (b, sfb), d = _fp8_case(rng, m, n, k)
-    return _paired_speedup(f"FP8 {m}x{n}x{k} vs numpy decode+scale+a @ b.T", target,
-                           lambda: deep_gemm.fp8_gemm_nt((a, sfa), (b, sfb), d),
-                           lambda: _dequantize(a, sfa) @ _dequantize(b, sfb).T, shape, pairs)
+    (a, sfa), (b, sfb) = generators.fp8_operand(rng, m, k), generators.fp8_operand(rng, n, k)
+    d = np.empty((m, n), BF16)
+    fns: dict[str, Callable] = {
+        STANDIN: lambda: deep_gemm.fp8_gemm_nt((a, sfa), (b, sfb), d),
+        "numpy": lambda: peers.numpy_fp8_gemm(a, sfa, b, sfb),
+    }
+    if opts.naive:
+        fns["numpy-astype"] = lambda: peers.numpy_fp8_gemm_naive(a, sfa, b, sfb)
+    has_jax = peers.jax_version() is not None
+    if has_jax:
+        fns["jax"] = peers.jax_fp8_gemm(a, sfa, b, sfb)
+    timing = bench_steady(fns, opts.blocks, opts.calls)
+    detail = _figures(timing, shape, opts.peak)
+    label = f"FP8 {m}x{n}x{k}"
+    out = []
+    if best_target is not None:
+        best = ["numpy", "jax"] if has_jax else ["numpy"]
+        res = _check(f"{label} vs best of numpy (LUT) and JAX", best_target, timing.speedup(STANDIN, over=best),
+                     detail if has_jax else f"{_jax_missing()}: numpy only; {detail}")
+        out.append(res)
+    if numpy_target is not None:
+        out.append(_check(f"{label} vs numpy (LUT decode + scale + matmul)", numpy_target,
+                          timing.speedup(STANDIN, over="numpy"), detail))
+    if jax_target is not None:
+        if has_jax:
+            out.append(_check(f"{label} vs JAX (jit decode + scale + dot)", jax_target,
+                              timing.speedup(STANDIN, over="jax"), detail))
+        else:
+            out.append(_missing(f"{label} vs JAX (jit decode + scale + dot)", jax_target, _jax_missing()))
+    return out
 
 
-def row_threads(rng, pairs) -> Result:
+def row_threads(rng, opts: Options) -> list[Result]:
     import numba
 
-    m, n, k = 4096, 7168, 2048
-    a, b, d = _bf16_case(rng, m, n, k)
+    m, n, k = shape = LARGE_SHAPES[1]
+    name = f"BF16 {m}x{n}x{k} 2 threads vs 1"
     threads = numba.config.NUMBA_NUM_THREADS
     if threads < 2:
-        return Result("BF16 4096x7168x2048 2 threads vs 1", ">= 1.80x", float("nan"), "x", False,
-                      f"numba has {threads} thread(s)")
+        return [Result(name, ">= 1.85x", float("nan"), "x", False, f"numba has {threads} thread(s)")]
+    a, b = generators.bf16_operand(rng, m, k), generators.bf16_operand(rng, n, k)
+    d = np.empty((m, n), BF16)
 
     def run_with(num_threads: int) -> Callable:
         def run():
@@ -133,134 +189,106 @@ def row_threads(rng, pairs) -> Result:
 
         return run
 
-    timing = bench_paired(run_with(2), run_with(1), num_pairs=pairs, num_warmups=1)
-    speedup = 1.0 / timing.median_ratio
-    detail = (f"2 threads {timing.median_a * 1e3:9.1f} ms {_gflops(m, n, k, timing.median_a):6.1f} GFLOP/s | "
-              f"1 thread {timing.median_b * 1e3:9.1f} ms {_gflops(m, n, k, timing.median_b):6.1f} GFLOP/s")
-    return Result("BF16 4096x7168x2048 2 threads vs 1", ">= 1.80x", speedup, "x", speedup >= 1.8, detail)
+    timing = bench_steady({"2 threads": run_with(2), "1 thread": run_with(1)}, opts.blocks, opts.calls)
+    detail = _figures(timing, shape, opts.peak)
+    if opts.peak is not None:
+        one = _gflops(shape, timing.median("1 thread"))
+        detail += f"; 1 thread = {one / opts.peak.gflops_one_thread:.2f} of the 1-thread peak"
+    return [_check(name, 1.85, timing.speedup("2 threads", over="1 thread"), detail)]
 
 
-# NOTES: the child process first imports the library's modules (numba included; timed apart), then times its first
-# call against its steady-state calls of the same kernel (same shape, so the same cache entry): the difference is what
-# a fresh process pays to bring the kernel in from the disk cache (numba's first-use setup included).
-_WARM_LOAD_CHILD = textwrap.dedent("""
-    import importlib, json, statistics, sys, time
-    t0 = time.perf_counter()
-    import numpy as np
-    import ml_dtypes
-    import deep_gemm
-    from deep_gemm.testing import generators
-    t1 = time.perf_counter()
-    for mod in ("numba", "deep_gemm.device", "deep_gemm.api.gemm", "deep_gemm.kernels.bf16_gemm",
-                "deep_gemm.kernels.fp8_gemm"):
-        importlib.import_module(mod)
-    t2 = time.perf_counter()
-    kind, m, n, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    rng = np.random.default_rng(0)
-    d = np.empty((m, n), ml_dtypes.bfloat16)
-    if kind == "bf16":
-        a, b = generators.bf16_operand(rng, m, k), generators.bf16_operand(rng, n, k)
-        call = lambda: deep_gemm.bf16_gemm_nt(a, b, d)
-    else:
-        a, b = generators.fp8_operand(rng, m, k), generators.fp8_operand(rng, n, k)
-        call = lambda: deep_gemm.fp8_gemm_nt(a, b, d)
-    times = []
-    for _ in range(4):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    print(json.dumps({"import": t1 - t0, "lib_import": t2 - t1, "first": times[0],
-                      "steady": statistics.median(times[1:])}))
-""")
+# ---------------------------------------------------------------------------------------------------------------
+# JIT rows (bench/jit_bench.py's, in a temporary cache shared by the rows of this run)
+# ---------------------------------------------------------------------------------------------------------------
+def _jit_bench():
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import jit_bench
+
+    return jit_bench
 
 
-def row_warm_load(rng, kind: str, shape, runs: int) -> Result:
-    m, n, k = shape
-    # Make sure the kernel is in the disk cache (build it here, untimed), so the children measure a warm load.
-    if kind == "bf16":
-        a, b, d = _bf16_case(rng, m, n, k)
-        with deep_gemm.dry_run():
-            deep_gemm.bf16_gemm_nt(a, b, d)
-    else:
-        a, b, d = _fp8_case(rng, m, n, k)
-        with deep_gemm.dry_run():
-            deep_gemm.fp8_gemm_nt(a, b, d)
-    loads, details = [], []
-    for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", _WARM_LOAD_CHILD, kind, str(m), str(n), str(k)],
-                             capture_output=True, text=True, env=dict(os.environ), check=False)
-        if out.returncode != 0:
-            last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"
-            return Result(f"JIT warm load {kind}_gemm (fresh process)", "<= 0.30 s", float("nan"), "s", False,
-                          f"child failed: {last}")
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        loads.append(r["first"] - r["steady"])
-        details.append(r)
-    load = statistics.median(loads)
-    med = {key: statistics.median(r[key] for r in details) for key in ("import", "lib_import", "steady")}
-    detail = (f"first call - steady call, median of {runs} processes; before it: import deep_gemm "
-              f"{med['import']:.3f} s, numba + device/api/kernels modules {med['lib_import']:.3f} s; "
-              f"steady call {med['steady']:.3f} s")
-    return Result(f"JIT warm load {kind}_gemm {m}x{n}x{k} (fresh process)", "<= 0.30 s", load, "s", load <= 0.3,
-                  detail)
+def _from_jit(row) -> Result:
+    return Result(row.name, row.target, row.value, row.unit, row.passed, row.detail)
 
 
-ROWS: dict[str, Callable] = {
-    "bf16-2048": lambda rng, p: row_bf16(rng, LARGE_SHAPES[0], p),
-    "bf16-4096x7168": lambda rng, p: row_bf16(rng, LARGE_SHAPES[1], p),
-    "fp8-2048": lambda rng, p: row_fp8(rng, LARGE_SHAPES[0], p, 1.0),
-    "fp8-4096x7168": lambda rng, p: row_fp8(rng, LARGE_SHAPES[1], p, 1.0),
-    "fp8-m128": lambda rng, p: row_fp8(rng, (128, 7168, 2048), p, 4.0),
-    "fp8-m16": lambda rng, p: row_fp8(rng, (16, 7168, 2048), p, 10.0),
-    "threads": lambda rng, p: row_threads(rng, p),
-    "warm-bf16": lambda rng, p: row_warm_load(rng, "bf16", LARGE_SHAPES[0], 3),
-    "warm-fp8": lambda rng, p: row_warm_load(rng, "fp8", LARGE_SHAPES[0], 3),
+def row_startup(opts: Options) -> list[Result]:
+    jb = _jit_bench()
+    return [_from_jit(jb.startup_row(str(opts.jit_root / "startup")))]
+
+
+def row_jit(opts: Options) -> list[Result]:
+    jb = _jit_bench()
+    rows = jb.kernel_rows("fp8_gemm", 3, 2000, opts.jit_root)
+    return [_from_jit(r) for r in rows if "warm load" not in r.name]
+
+
+ROWS: dict[str, Callable[[np.random.Generator, Options], list[Result]]] = {
+    "bf16-2048": lambda rng, o: row_bf16(rng, LARGE_SHAPES[0], o),
+    "bf16-4096x7168": lambda rng, o: row_bf16(rng, LARGE_SHAPES[1], o),
+    "fp8-2048": lambda rng, o: row_fp8(rng, LARGE_SHAPES[0], o, None, None, 1.3),
+    "fp8-4096x7168": lambda rng, o: row_fp8(rng, LARGE_SHAPES[1], o, None, None, 1.3),
+    "fp8-m128": lambda rng, o: row_fp8(rng, (128, 7168, 2048), o, 3.5, 1.5, None),
+    "fp8-m16": lambda rng, o: row_fp8(rng, (16, 7168, 2048), o, 5.0, 3.0, None),
+    "threads": lambda rng, o: row_threads(rng, o),
+    "startup": lambda rng, o: row_startup(o),
+    "jit": lambda rng, o: row_jit(o),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    global SETTLE_SECONDS
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__ + "\n" + STEADY_PROTOCOL.replace("CALLS", "--calls")
+                                     .replace("BLOCKS", "--blocks"),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="", help="comma-separated row names or prefixes (default: all)")
-    parser.add_argument("--pairs", type=int, default=5, help="paired runs per row (median reported)")
-    parser.add_argument("--settle", type=float, default=SETTLE_SECONDS,
-                        help="seconds of pause before each timed call (lets numpy's BLAS threads go idle)")
+    parser.add_argument("--blocks", type=int, default=5, help="rounds of blocks per row (median reported)")
+    parser.add_argument("--calls", type=int, default=3, help="timed calls per block (after 1 discarded call)")
+    parser.add_argument("--no-naive", action="store_true", help="leave out the naive numpy astype FP8 reference")
+    parser.add_argument("--peak-seconds", type=float, default=0.2,
+                        help="seconds per FMA-peak run (best of 5 runs; 0 skips the peak and the fractions)")
     parser.add_argument("--list", action="store_true", help="list the row names and exit")
     args = parser.parse_args(argv)
     if args.list:
         print("\n".join(ROWS))
         return 0
-    if args.pairs < 1:
-        parser.error(f"--pairs must be >= 1, got {args.pairs}")
-    if args.settle < 0:
-        parser.error(f"--settle must be >= 0, got {args.settle}")
-    SETTLE_SECONDS = args.settle
+    for flag, value in (("--blocks", args.blocks), ("--calls", args.calls)):
+        if value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
+    if args.peak_seconds < 0:
+        parser.error(f"--peak-seconds must be >= 0, got {args.peak_seconds}")
     wanted = [w for w in args.rows.split(",") if w]
     names = [r for r in ROWS if not wanted or any(r.startswith(w) for w in wanted)]
     if not names:
         parser.error(f"no row matches {args.rows!r}; see --list")
 
-    import numba
-
-    wait_policy = os.environ.get("OMP_WAIT_POLICY", "(unset)")
-    print(f"# deep_gemm perf check: {os.cpu_count()} CPUs, numba {numba.__version__} "
-          f"({numba.config.NUMBA_NUM_THREADS} threads, OMP_WAIT_POLICY={wait_policy}), numpy {np.__version__}; "
-          f"AI cores {deep_gemm.get_num_ai_cores()} ({deep_gemm.get_npu_arch()}); {args.pairs} pairs per row, "
-          f"{args.settle:g} s settle; load average {os.getloadavg()[0]:.2f}")
-    print("# (each kernel is compiled or loaded on its first, untimed call)")
+    print(f"# deep_gemm perf check; load average {os.getloadavg()[0]:.2f} (other processes skew every row)")
+    print(f"# machine: {machine.describe_machine()}")
+    print(f"# AI cores {deep_gemm.get_num_ai_cores()} ({deep_gemm.get_npu_arch()}); JAX "
+          f"{peers.jax_version() or 'not installed'}; protocol: {args.blocks} rounds of blocks of 1 discarded + "
+          f"{args.calls} timed calls per library, blocks alternated, median over blocks (see --help)")
+    opts = Options(blocks=args.blocks, calls=args.calls, naive=not args.no_naive)
+    if args.peak_seconds > 0:
+        opts.peak = machine.measure_fma_peak(seconds=args.peak_seconds)
+        print(f"# measured FMA peak: {opts.peak.gflops:.1f} GFLOP/s on {opts.peak.threads} threads "
+              f"({opts.peak.gflops_one_thread:.1f} on one; fp32 {opts.peak.vector_bits}-bit FMAs, "
+              f"{machine.NUM_ACCUMULATORS} independent chains per thread)")
+    print("# (each kernel is compiled or loaded on its first, untimed call)", flush=True)
     rng = np.random.default_rng(0)
-    results = []
-    for name in names:
-        start = time.perf_counter()
-        res = ROWS[name](rng, args.pairs)
-        results.append(res)
-        value = f"{res.value:7.2f}{res.unit}" if res.unit == "x" else f"{res.value:7.3f}{res.unit}"
-        print(f"{'PASS' if res.passed else 'FAIL'}  {res.name:<52} target {res.target:<9} measured {value}  "
-              f"({res.detail}; row took {time.perf_counter() - start:.0f} s)", flush=True)
-    failed = [r.name for r in results if not r.passed]
-    print(f"# load average {os.getloadavg()[0]:.2f} (other processes on these CPUs skew every row)")
-    print(f"# {len(results) - len(failed)}/{len(results)} rows met their target" +
-          (f"; missed: {', '.join(failed)}" if failed else ""))
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="dg-perf-check-") as jit_root:
+        opts.jit_root = Path(jit_root)
+        for name in names:
+            start = time.perf_counter()
+            for res in ROWS[name](rng, opts):
+                results.append(res)
+                print(res.line(), flush=True)
+            print(f"#   ({name}: {time.perf_counter() - start:.0f} s)", flush=True)
+    failed = [r.name for r in results if r.passed is False]
+    missing = [r.name for r in results if r.passed is None]
+    measured = len(results) - len(missing)
+    print(f"# load average {os.getloadavg()[0]:.2f}")
+    print(f"# {measured - len(failed)}/{measured} measured rows met their target"
+          + (f"; missed: {', '.join(failed)}" if failed else "")
+          + (f"; not measured: {', '.join(missing)}" if missing else ""))
     return 1 if failed else 0
 
 

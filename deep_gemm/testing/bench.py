@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -112,9 +112,15 @@ class SteadyTiming:
         pairs = zip(self.blocks[name_a], self.blocks[name_b], strict=True)
         return statistics.median(ta / tb if tb > 0 else float("inf") for ta, tb in pairs)
 
-    def speedup(self, name: str, over: str) -> float:
-        """How many times faster ``name`` runs than ``over`` (``ratio(over, name)``)."""
-        return self.ratio(over, name)
+    def speedup(self, name: str, over: str | Sequence[str]) -> float:
+        """How many times faster ``name`` runs than ``over`` (``ratio(over, name)``). With several names in
+        ``over``, each round compares with the fastest of them in that round (the best peer)."""
+        peers = [over] if isinstance(over, str) else list(over)
+        if not peers:
+            raise ValueError(f"over must name at least one library, got over={over!r}")
+        best = [min(times) for times in zip(*(self.blocks[p] for p in peers), strict=True)]
+        pairs = zip(best, self.blocks[name], strict=True)
+        return statistics.median(tb / ta if ta > 0 else float("inf") for tb, ta in pairs)
 
 
 def bench_steady(

@@ -130,3 +130,12 @@ def test_bench_steady_bad_fns():
 def test_steady_protocol_text_names_the_rules():
     for words in ("back-to-back", "discarded", "median", "rotated"):
         assert words in STEADY_PROTOCOL
+
+
+def test_steady_speedup_over_the_best_peer_per_round():
+    timing = bench_mod.SteadyTiming({"us": (1.0, 1.0, 2.0), "np": (4.0, 2.0, 8.0), "jax": (3.0, 5.0, 2.0)})
+    # best peer per round: 3 (jax), 2 (np), 2 (jax) -> speedups 3, 2, 1 -> median 2
+    assert timing.speedup("us", over=("np", "jax")) == 2.0
+    assert timing.speedup("us", over="np") == 4.0 and timing.speedup("us", over=["jax"]) == 3.0
+    with pytest.raises(ValueError, match="over"):
+        timing.speedup("us", over=())
