@@ -1,9 +1,10 @@
-"""CPU benchmark of the GEMM stand-in kernels beside the numpy baseline a user would write, timed in the same run
-(interleaved): BF16 -> fp32 ``a @ b.T``; FP8/FP4 -> decode codes, apply the block scales, then ``a @ b.T``.
-One aligned line per shape with both times, both GFLOP/s, the ratio and the chosen config. CPU numbers only.
+"""CPU benchmark of the GEMM stand-in kernels beside the peers a user would write, timed in the same run: numpy
+(BF16 -> fp32 ``a @ b.T``; FP8 -> the strongest numpy formulation, deep_gemm.testing.peers.numpy_fp8_gemm) and JAX
+when installed (jit-compiled, deep_gemm.testing.peers). One aligned line per shape with every library's time and
+GFLOP/s, the stand-in's ratio to each and the chosen config. CPU numbers only.
 
     python bench/gemm_bench.py --dtype fp8 --shapes 16x7168x2048 128x7168x2048 2048x2048x2048
-    python bench/gemm_bench.py --dtype bf16 --cores 32 --pairs 5
+    python bench/gemm_bench.py --dtype bf16 --cores 32 --blocks 5
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ import time
 
 import numpy as np
 
+from deep_gemm.testing import STEADY_PROTOCOL
+
 DEFAULT_SHAPES = ["16x4096x2048", "128x4096x2048", "1024x1024x1024", "2048x2048x2048"]
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
-    m, n, k = (int(p) for p in text.lower().split("x"))
+    try:
+        m, n, k = (int(p) for p in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape must be MxNxK with positive ints, got {text!r}") from None
     if min(m, n, k) < 1:
         raise argparse.ArgumentTypeError(f"shape must be MxNxK with positive ints, got {text!r}")
     return m, n, k
@@ -36,12 +42,12 @@ def _fp8_data(rng, mn: int, k: int):
     return codes, sf, np.ldexp(np.float32(1), exps.astype(np.int32) - 127).astype(np.float32)
 
 
-def bench_shape(dtype: str, m: int, n: int, k: int, num_pairs: int, rng):
-    """(stand-in seconds, numpy seconds, config) of one shape, timed interleaved."""
-    from deep_gemm.device import FP8_E4M3_VALUES
+def bench_shape(dtype: str, m: int, n: int, k: int, num_blocks: int, num_calls: int, rng, with_jax: bool):
+    """({library: seconds}, {peer: stand-in speedup}, config, setup seconds) of one shape (bench_steady)."""
     from deep_gemm.kernels.bf16_gemm import launch_bf16_gemm
     from deep_gemm.kernels.fp8_gemm import launch_fp8_gemm
-    from deep_gemm.testing import bench_paired
+    from deep_gemm.testing import bench_steady, peers
+    from deep_gemm.utils.formats import BF16_DTYPE
 
     d = np.empty((m, n), np.uint16)
     if dtype == "bf16":
@@ -49,13 +55,15 @@ def bench_shape(dtype: str, m: int, n: int, k: int, num_pairs: int, rng):
         b32 = rng.standard_normal((n, k), dtype=np.float32)
         a_bits = (a32.view(np.uint32) >> 16).astype(np.uint16)  # truncation is fine for timing
         b_bits = (b32.view(np.uint32) >> 16).astype(np.uint16)
+        a32, b32 = (a_bits.astype(np.uint32) << 16).view(np.float32), (b_bits.astype(np.uint32) << 16).view(np.float32)
 
         def kernel():
             return launch_bf16_gemm(a_bits, "k", b_bits, "k", d, m, n, k, with_accumulation=False, alpha=1.0,
                                     compiled_dims="nk")
 
-        def baseline():
-            return a32 @ b32.T
+        fns = {"numpy": lambda: a32 @ b32.T}
+        if with_jax:
+            fns["jax"] = peers.jax_bf16_gemm(a_bits.view(BF16_DTYPE), b_bits.view(BF16_DTYPE))
     else:
         a_codes, sfa, sa = _fp8_data(rng, m, k)
         b_codes, sfb, sb = _fp8_data(rng, n, k)
@@ -64,41 +72,56 @@ def bench_shape(dtype: str, m: int, n: int, k: int, num_pairs: int, rng):
             return launch_fp8_gemm(a_codes, "k", "fp8", sfa, b_codes, "k", "fp8", sfb, d, m, n, k,
                                    with_accumulation=False, alpha=1.0, compiled_dims="nk")
 
-        def baseline():
-            a = FP8_E4M3_VALUES[a_codes] * np.repeat(sa, 32, axis=1)[:, :k]
-            b = FP8_E4M3_VALUES[b_codes] * np.repeat(sb, 32, axis=1)[:, :k]
-            return a @ b.T
+        fns = {"numpy": lambda: peers.numpy_fp8_gemm(a_codes, sa, b_codes, sb)}
+        if with_jax:
+            fns["jax"] = peers.jax_fp8_gemm(a_codes, sa, b_codes, sb)
 
     start = time.perf_counter()
     config = kernel()  # build + compile (or load) once, outside the timing
     setup = time.perf_counter() - start
-    timing = bench_paired(kernel, baseline, num_pairs=num_pairs, num_warmups=1)
-    return timing.median_a, timing.median_b, config, setup
+    timing = bench_steady({"stand-in": kernel, **fns}, num_blocks, num_calls)
+    seconds = {name: timing.median(name) for name in timing.blocks}
+    speedups = {peer: timing.speedup("stand-in", over=peer) for peer in fns}
+    return seconds, speedups, config, setup
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__ + "\n" + STEADY_PROTOCOL.replace("CALLS", "--calls")
+                                     .replace("BLOCKS", "--blocks"),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", choices=("bf16", "fp8"), default="fp8")
     parser.add_argument("--shapes", nargs="*", type=parse_shape, default=[parse_shape(s) for s in DEFAULT_SHAPES])
     parser.add_argument("--cores", type=int, default=None, help="logical AI cores (default: the runtime's)")
-    parser.add_argument("--pairs", type=int, default=5, help="interleaved timing pairs per shape")
+    parser.add_argument("--blocks", type=int, default=5, help="rounds of blocks per shape (median reported)")
+    parser.add_argument("--calls", type=int, default=3, help="timed calls per block (after 1 discarded call)")
+    parser.add_argument("--no-jax", action="store_true", help="leave JAX out even when it is installed")
     args = parser.parse_args(argv)
+    for flag, value in (("--blocks", args.blocks), ("--calls", args.calls)):
+        if value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
 
     from deep_gemm import runtime
+    from deep_gemm.testing import peers
 
+    jax = None if args.no_jax else peers.jax_version()
     rng = np.random.default_rng(0)
     with runtime.runtime_scope(num_ai_cores=args.cores):
         cores = runtime.get_num_ai_cores()
-        print(f"{args.dtype} GEMM, {cores} logical AI cores; CPU times (median of {args.pairs} interleaved pairs)")
-        print(f"{'shape':>18} {'stand-in ms':>12} {'GFLOP/s':>8} {'numpy ms':>10} {'GFLOP/s':>8} {'ratio':>6} "
-              f"{'setup s':>8}  config")
+        print(f"{args.dtype} GEMM, {cores} logical AI cores; CPU times, median over {args.blocks} blocks of "
+              f"{args.calls} steady calls per library (see --help); JAX "
+              + (jax or ("left out" if args.no_jax else "not installed (pip install deep_gemm[peers])")))
+        jax_cols = f" {'jax ms':>10} {'GFLOP/s':>8} {'vs jax':>6}" if jax else ""
+        print(f"{'shape':>18} {'stand-in ms':>12} {'GFLOP/s':>8} {'numpy ms':>10} {'GFLOP/s':>8} {'vs np':>6}"
+              f"{jax_cols} {'setup s':>8}  config")
         for m, n, k in args.shapes:
-            t_kernel, t_numpy, c, setup = bench_shape(args.dtype, m, n, k, args.pairs, rng)
+            secs, speedups, c, setup = bench_shape(args.dtype, m, n, k, args.blocks, args.calls, rng, jax is not None)
             flops = 2.0 * m * n * k
-            print(f"{f'{m}x{n}x{k}':>18} {t_kernel * 1e3:12.3f} {flops / t_kernel / 1e9:8.1f} "
-                  f"{t_numpy * 1e3:10.3f} {flops / t_numpy / 1e9:8.1f} {t_numpy / t_kernel:6.2f} {setup:8.1f}  "
-                  f"block {c.block_m}x{c.block_n}x{c.block_k} mad {c.mad_m}x{c.mad_n}x{c.mad_k} "
-                  f"L1x{c.num_l1_stages} {c.path}", flush=True)
+            line = (f"{f'{m}x{n}x{k}':>18} {secs['stand-in'] * 1e3:12.3f} {flops / secs['stand-in'] / 1e9:8.1f} "
+                    f"{secs['numpy'] * 1e3:10.3f} {flops / secs['numpy'] / 1e9:8.1f} {speedups['numpy']:6.2f}")
+            if jax:
+                line += f" {secs['jax'] * 1e3:10.3f} {flops / secs['jax'] / 1e9:8.1f} {speedups['jax']:6.2f}"
+            print(f"{line} {setup:8.1f}  block {c.block_m}x{c.block_n}x{c.block_k} mad {c.mad_m}x{c.mad_n}x"
+                  f"{c.mad_k} L1x{c.num_l1_stages} {c.path}", flush=True)
     return 0
 
 
