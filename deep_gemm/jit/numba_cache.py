@@ -191,8 +191,11 @@ def _numba_classes():
                 return None
             if read_manifest(self.directory).get(name) == _sha256(data):
                 return data
+            if getattr(self, "_holding_lock", False):  # in save(): the reads above were already consistent
+                raise DamagedCacheFile(f"{name} does not match {MANIFEST}")
             # NOTES: a concurrent writer may have replaced the file between our reads of it and of the manifest;
-            # under the lock both are consistent, so a mismatch there is damage.
+            # under the lock both are consistent, so a mismatch there is damage. (flock is per open file, so a
+            # second lock from the same process would wait for itself: save() reads with the lock already held.)
             try:
                 with locked(self.directory):
                     data = path.read_bytes()
@@ -225,6 +228,7 @@ def _numba_classes():
         def save(self, key, data):
             written: list[Path] = []
             with locked(self.directory):
+                self._holding_lock = True
                 try:
                     try:
                         overloads = self._load_index()
@@ -254,6 +258,8 @@ def _numba_classes():
                         with contextlib.suppress(OSError):
                             path.unlink()
                     raise
+                finally:
+                    self._holding_lock = False
 
         def discard(self) -> None:
             """Remove this function's index and data files (after damage); other functions' files stay."""
@@ -343,6 +349,7 @@ def _numba_classes():
                                 f"{self._impl.filename_base} was not saved ({type(e).__name__}: {e}); it is "
                                 "compiled again by the next process")
 
+    VerifiedFunctionCache.file_class = VerifiedIndexDataCacheFile
     return VerifiedFunctionCache
 
 

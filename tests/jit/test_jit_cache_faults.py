@@ -418,3 +418,22 @@ def test_builds_left_by_dead_processes_are_swept(fresh_root):
     jit_compile.clear_memory_cache()
     build_vadd(TILE=184)  # a new build sweeps
     assert not dead_old.exists() and dead_young.exists() and alive_old.exists()
+
+
+def test_numba_files_save_over_an_unverified_index_and_read_back_verified(tmp_path):
+    """A save that finds an index the manifest does not vouch for replaces it (without waiting on its own lock),
+    and what it wrote reads back verified."""
+    import threading
+
+    file_class = numba_cache._verified_cache_class().file_class
+    files = file_class(str(tmp_path), "mod.fn-1.py311", "stamp")
+    (tmp_path / "mod.fn-1.py311.nbi").write_bytes(b"not vouched for")
+    worker = threading.Thread(target=files.save, args=(("sig",), {"payload": 1}), daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "save() waited for its own lock"
+    assert files.load(("sig",)) == {"payload": 1}
+    assert numba_cache.directory_problem(tmp_path) is None
+    (tmp_path / "mod.fn-1.py311.1.nbc").write_bytes(b"swapped")
+    with pytest.raises(numba_cache.DamagedCacheFile):
+        files.load(("sig",))
