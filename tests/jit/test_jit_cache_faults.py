@@ -437,3 +437,23 @@ def test_numba_files_save_over_an_unverified_index_and_read_back_verified(tmp_pa
     (tmp_path / "mod.fn-1.py311.1.nbc").write_bytes(b"swapped")
     with pytest.raises(numba_cache.DamagedCacheFile):
         files.load(("sig",))
+
+
+def test_numba_files_of_device_modules_live_under_the_cache_root(tmp_path):
+    code = """
+import json
+import deep_gemm.device as device
+from deep_gemm.jit import example_device
+import numpy as np
+out = np.zeros(4, np.float32)
+example_device.fill(out, 3.0)  # compiles and saves, outside any kernel
+print(json.dumps({"paths": [example_device.fill.stats.cache_path, device.mmad.stats.cache_path,
+                            device.Fixpipe.stats.cache_path], "ok": bool((out == 3.0).all())}))
+"""
+    root = tmp_path / "root"
+    out = run_child(code, root)
+    assert out["ok"]
+    for path in out["paths"]:
+        assert Path(path).parent == root / numba_cache.SHARED_DIR, path
+    fill_files = list((root / numba_cache.SHARED_DIR).glob("*/example_device.fill-*.nb?"))
+    assert len(fill_files) == 2 and numba_cache.directory_problem(fill_files[0].parent) is None
