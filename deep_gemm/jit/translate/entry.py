@@ -35,12 +35,13 @@ class FuncSig:
     abi: tuple[EntryParam, ...] = ()  # the parameters as EntryParam, in order
 
 
-def entry_params(source: str, *, template: str = "<source>") -> list[EntryParam]:
+def entry_params(source: str, *, template: str = "<source>", line_map=None) -> list[EntryParam]:
     """The kernel entry's parameters (name, C type, pointer/scalar, dtype) of a rendered source, in order, without
-    translating the bodies. Raises TranslateError (with a caret) on a parse error or a bad signature."""
+    translating the bodies. Raises TranslateError (with a caret; with the template line given render_lines()'
+    ``line_map``) on a parse error or a bad signature."""
     from .translator import Translator
 
-    translator = Translator(source, template, {}, set(), "<no device module>")
+    translator = Translator(source, template, {}, set(), "<no device module>", line_map)
     translator.check_syntax()
     translator.collect_functions(translator.root)
     if translator.entry is None:
