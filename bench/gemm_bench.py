@@ -1,10 +1,12 @@
 """CPU benchmark of the GEMM stand-in kernels beside the peers a user would write, timed in the same run: numpy
-(BF16 -> fp32 ``a @ b.T``; FP8 -> the strongest numpy formulation, deep_gemm.testing.peers.numpy_fp8_gemm) and JAX
+(BF16 -> fp32 ``a @ b.T``; FP8/FP4 -> the strongest numpy formulation, deep_gemm.testing.peers.numpy_fp8_gemm /
+numpy_fp4_gemm: table decode, in-place block scaling, fp32 matmul, cast to bf16) and JAX
 when installed (jit-compiled, deep_gemm.testing.peers). One aligned line per shape with every library's time and
 GFLOP/s, the stand-in's ratio to each and the chosen config. CPU numbers only.
 
     python bench/gemm_bench.py --dtype fp8 --shapes 16x7168x2048 128x7168x2048 2048x2048x2048
     python bench/gemm_bench.py --dtype bf16 --cores 32 --blocks 5
+    python bench/gemm_bench.py --dtype fp4 --shapes 128x7168x2048 --no-jax
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def bench_shape(dtype: str, m: int, n: int, k: int, num_blocks: int, num_calls: 
         fns = {"numpy": lambda: a32 @ b32.T}
         if with_jax:
             fns["jax"] = peers.jax_bf16_gemm(a_bits.view(BF16_DTYPE), b_bits.view(BF16_DTYPE))
-    else:
+    elif dtype == "fp8":
         a_codes, sfa, sa = _fp8_data(rng, m, k)
         b_codes, sfb, sb = _fp8_data(rng, n, k)
 
@@ -75,6 +77,21 @@ def bench_shape(dtype: str, m: int, n: int, k: int, num_blocks: int, num_calls: 
         fns = {"numpy": lambda: peers.numpy_fp8_gemm(a_codes, sa, b_codes, sb)}
         if with_jax:
             fns["jax"] = peers.jax_fp8_gemm(a_codes, sa, b_codes, sb)
+    else:  # fp4, through the public API (packed int8 [mn, k/2], fp32 scales)
+        import deep_gemm
+        from deep_gemm.testing import generators
+
+        if k % 2:
+            raise ValueError(f"fp4 needs an even K, got {k=}")
+        (a4, sa), (b4, sb) = generators.fp4_operand(rng, m, k), generators.fp4_operand(rng, n, k)
+        out = d.view(BF16_DTYPE)
+
+        def kernel():
+            return deep_gemm.fp8_fp4_gemm_nt((a4, sa), (b4, sb), out)
+
+        fns = {"numpy": lambda: peers.numpy_fp4_gemm(a4, sa, b4, sb)}
+        if with_jax:
+            fns["jax"] = peers.jax_fp4_gemm(a4, sa, b4, sb)
 
     start = time.perf_counter()
     config = kernel()  # build + compile (or load) once, outside the timing
@@ -89,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__ + "\n" + STEADY_PROTOCOL.replace("CALLS", "--calls")
                                      .replace("BLOCKS", "--blocks"),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtype", choices=("bf16", "fp8"), default="fp8")
+    parser.add_argument("--dtype", choices=("bf16", "fp8", "fp4"), default="fp8")
     parser.add_argument("--shapes", nargs="*", type=parse_shape, default=[parse_shape(s) for s in DEFAULT_SHAPES])
     parser.add_argument("--cores", type=int, default=None, help="logical AI cores (default: the runtime's)")
     parser.add_argument("--blocks", type=int, default=5, help="rounds of blocks per shape (median reported)")
