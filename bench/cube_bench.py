@@ -1,5 +1,6 @@
 """GFLOP/s of the Cube stand-in (deep_gemm.device.cube): Mmad alone on L2-resident tiles, and L1 -> L0 packing
-plus Mmad, on 1 and 2 threads, against numpy fp32 matmul measured in the same run. CPU numbers only.
+plus Mmad, on 1 and 2 threads, against numpy fp32 matmul and the machine's fp32 FMA peak measured in the same run.
+CPU numbers only.
 
     python bench/cube_bench.py [--tiles 128x256x128,16x256x256] [--rounds 7]
 """
@@ -19,6 +20,7 @@ from numba import njit, prange
 
 from deep_gemm.device import cube
 from deep_gemm.jit.numba_setup import vector_width_bits
+from deep_gemm.testing import measure_fma_peak
 
 DEFAULT_TILES = "128x256x64,128x256x128,128x256x256,64x128x256,16x256x256,16x128x512"
 
@@ -87,6 +89,9 @@ def run(tiles: list[tuple[int, int, int]], rounds: int) -> None:
           f"numba {numba.__version__}, numba threads {numba.get_num_threads()}, OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY', '(unset)')}; medians of {rounds} rounds; "
           f"load average {os.getloadavg()[0]:.2f}")
+    peak = measure_fma_peak(threads=2) if (os.cpu_count() or 1) >= 2 else measure_fma_peak(threads=1)
+    print(f"# measured fp32 FMA peak (deep_gemm.testing.measure_fma_peak): {peak.gflops_one_thread:.1f} GFLOP/s on 1 "
+          f"thread, {peak.gflops:.1f} on {peak.threads}; {peak.vector_bits}-bit FMAs")
 
     # numpy ceilings, same run (NOTES: a @ b.T with two distinct arrays: a @ a.T would take numpy's syrk path)
     big = 2048
