@@ -269,8 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.peak_seconds > 0:
         opts.peak = machine.measure_fma_peak(seconds=args.peak_seconds)
         print(f"# measured FMA peak: {opts.peak.gflops:.1f} GFLOP/s on {opts.peak.threads} threads "
-              f"({opts.peak.gflops_one_thread:.1f} on one; fp32 {opts.peak.vector_bits}-bit FMAs, "
-              f"{machine.NUM_ACCUMULATORS} independent chains per thread)")
+              f"({opts.peak.gflops_one_thread:.1f} on one, {opts.peak.gflops_per_cpu_second:.1f} per CPU-second of "
+              f"a thread; fp32 {opts.peak.vector_bits}-bit FMAs, {machine.NUM_ACCUMULATORS} independent chains "
+              f"per thread); fractions below are of the {opts.peak.threads}-thread wall figure")
     print("# (each kernel is compiled or loaded on its first, untimed call)", flush=True)
     rng = np.random.default_rng(0)
     results: list[Result] = []

@@ -179,20 +179,27 @@ class FmaPeak:
     gflops_one_thread: float
     threads: int
     vector_bits: int  # width of the FMAs measured (the stand-in's micro-kernel uses the same)
+    # NOTES: per second of the thread's own CPU time: what a core does while it runs the loop, which other
+    # processes on the machine lower far less than the wall figures (read it when the load average is high).
+    gflops_per_cpu_second: float = float("nan")
 
     def fraction(self, gflops: float) -> float:
         """``gflops`` as a fraction of the all-threads peak."""
         return gflops / self.gflops
 
 
-def _run_threads(fn, n_iters: int, threads: int) -> float:
-    """Wall seconds for ``threads`` threads each running fn(n_iters) from one barrier to the last join."""
+def _run_threads(fn, n_iters: int, threads: int, cpu_times: list[float] | None = None) -> float:
+    """Wall seconds for ``threads`` threads each running fn(n_iters) from one barrier to the last join; each
+    thread's CPU seconds are appended to ``cpu_times`` when given."""
     barrier = threading.Barrier(threads + 1)
     sink = []
 
     def work():
         barrier.wait()
+        c0 = time.thread_time()
         sink.append(fn(np.intp(n_iters), np.float32(0.999999)))
+        if cpu_times is not None:
+            cpu_times.append(time.thread_time() - c0)
 
     workers = [threading.Thread(target=work, daemon=True) for _ in range(threads)]
     for w in workers:
@@ -227,8 +234,12 @@ def measure_fma_peak(threads: int | None = None, seconds: float = 0.2, repeats: 
         n_iters *= 4
     n_iters = max(1, int(n_iters * seconds / t))
 
+    cpu_times: list[float] = []
+
     def best(num: int) -> float:
-        return max(flops_per_iter * n_iters * num / _run_threads(fn, n_iters, num) for _ in range(repeats)) / 1e9
+        return max(flops_per_iter * n_iters * num / _run_threads(fn, n_iters, num, cpu_times)
+                   for _ in range(repeats)) / 1e9
 
     one = best(1)
-    return FmaPeak(best(threads) if threads > 1 else one, one, threads, 32 * lanes)
+    per_cpu = flops_per_iter * n_iters / min(t for t in cpu_times if t > 0) / 1e9 if any(cpu_times) else float("nan")
+    return FmaPeak(best(threads) if threads > 1 else one, one, threads, 32 * lanes, per_cpu)

@@ -36,6 +36,7 @@ def test_measure_fma_peak_shape_and_arguments():
     assert peak.threads == 1 and peak.gflops > 0 and peak.gflops == peak.gflops_one_thread
     assert peak.vector_bits == 32 * machine._build_kernel()[1]
     assert peak.fraction(peak.gflops / 2) == 0.5
+    assert peak.gflops_per_cpu_second > 0
     for kwargs, match in ((dict(threads=0), "threads=0"), (dict(seconds=0), "seconds=0"),
                           (dict(repeats=0), "repeats=0"), (dict(threads=True), "threads=True")):
         with pytest.raises(ValueError, match=match):
