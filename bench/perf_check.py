@@ -73,7 +73,7 @@ class Result:
             value = f"{self.value:6.1f}us"
         else:
             value = f"{self.value:7.3f}{self.unit}"
-        return f"{verdict}  {self.name:<56} target {self.target:<9} measured {value}  ({self.detail})"
+        return f"{verdict}  {self.name:<64} target {self.target:<9} measured {value}  ({self.detail})"
 
 
 def _gflops(shape, seconds: float) -> float:
