@@ -421,7 +421,7 @@ def _load_existing(path: Path, name: str, digest: str, constants: dict, timings:
             return None, False
         return None, True
     try:
-        module = _import_kernel(path, name, digest, source=source)
+        module = _import_kernel(path, name, digest, source=source, read_only=not writable)
     except Exception as e:
         raise CompileError(f"the cache entry {path} verifies but its kernel.py does not import "
                            f"({type(e).__name__}: {e}); the entry is kept for inspection.\nreproduce: "
@@ -550,10 +550,11 @@ def module_name(name: str, digest: str) -> str:
     return f"{KERNEL_MODULE_MARK}{name}_{digest}"
 
 
-def _import_kernel(path: Path | None, name: str, digest: str, source: bytes | None = None):
+def _import_kernel(path: Path | None, name: str, digest: str, source: bytes | None = None, read_only: bool = False):
     """Execute a kernel's Python source as a real module (numba's cache=True needs its file) named
     module_name(); ``source`` is the verified content of <path>/kernel.py (read from there when None). With path
-    None the module exists only in memory (its own name; numba keeps no disk cache of it).
+    None the module exists only in memory (its own name; numba keeps no disk cache of it); with read_only numba
+    reads the entry's files but does not try to add any.
 
     NOTES: the verified bytes are compiled here rather than imported, so no unverified .pyc is ever read (or
     written) and the file cannot change between its check and its use.
@@ -563,6 +564,7 @@ def _import_kernel(path: Path | None, name: str, digest: str, source: bytes | No
         numba_cache._memory_modules.add(mod_name)
     else:
         mod_name, filename = module_name(name, digest), str(path / "kernel.py")
+        (numba_cache._read_only_modules.add if read_only else numba_cache._read_only_modules.discard)(mod_name)
     existing = sys.modules.get(mod_name)
     if existing is not None and getattr(existing, "__file__", None) == filename:
         return existing

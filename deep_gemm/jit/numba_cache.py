@@ -34,6 +34,7 @@ SHARED_DIR = "numba"  # <root>/numba/<source dir>_<hash>/: numba files of deep_g
 # the manifest and unpickles those same bytes. A file the manifest does not vouch for is never handed to numba.
 
 _memory_modules: set[str] = set()  # generated kernel modules built in memory (no disk cache)
+_read_only_modules: set[str] = set()  # kernel modules of entries in a read-only root (their numba files are read)
 _dispatchers: weakref.WeakSet = weakref.WeakSet()  # every dispatcher whose cache this module chose
 
 
@@ -382,7 +383,10 @@ def cache_for(py_func):
         if module in _memory_modules:
             return NullCache()
         directory = Path(inspect.getfile(py_func)).resolve().parent / "__pycache__"
-        return _verified_cache_class()(py_func, lambda: directory)
+        ours = _verified_cache_class()(py_func, lambda: directory)
+        # NOTES: the user was told once that this root is not writable; no second warning per failed save.
+        ours._save_failed = module in _read_only_modules
+        return ours
     if module == "deep_gemm" or module.startswith("deep_gemm."):
         source_dir = Path(inspect.getfile(py_func)).resolve().parent
         return _verified_cache_class()(py_func, functools.lru_cache(maxsize=1)(

@@ -81,8 +81,8 @@ def _damage_targets(root: Path, entry: Path) -> dict[str, Path]:
 def test_zeroed_bytes_in_any_cached_file_never_crash(pristine, tmp_path, kind):
     root0, entry_rel = pristine
     size = _damage_targets(root0, root0 / entry_rel)[kind].stat().st_size
-    offsets = sorted({min(offset, size - 16) for offset in (1000, 5000, 200000)})
-    for offset in offsets:
+    cases = []
+    for offset in sorted({min(offset, size - 16) for offset in (1000, 5000, 200000)}):
         root = tmp_path / f"at{offset}"
         shutil.copytree(root0, root)
         target = _damage_targets(root, root / entry_rel)[kind]
@@ -93,13 +93,19 @@ def test_zeroed_bytes_in_any_cached_file_never_crash(pristine, tmp_path, kind):
         if kind.startswith("device."):
             # a kernel loaded from the cache carries its device code; a new kernel's compile reads the device files
             shutil.rmtree(root / entry_rel)
-        # run_child asserts exit status 0: a segfault or an uncaught error fails here, with the child's stderr
-        out = run_child(VADD_CHILD, root)
+        cases.append((offset, root, target, changed))
+    # one child per damaged copy, run side by side; a crash (signal exit status) or any error fails the test
+    procs = [subprocess.Popen([sys.executable, "-c", VADD_CHILD], env=dict(os.environ, DG_JIT_CACHE_DIR=str(root)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _, root, _, _ in cases]
+    results = [proc.communicate(timeout=600) + (proc.returncode,) for proc in procs]
+    for (offset, root, target, changed), (stdout, stderr, code) in zip(cases, results, strict=True):
+        assert code == 0, f"{kind} zeroed at {offset}: exit status {code}\n{stderr}"
+        out = json.loads(stdout.strip().splitlines()[-1])
         assert out["ok"], (kind, offset, out)
         if changed:
             assert out["stats"].get("corrupt", 0) >= 1, (kind, offset, out)
-            assert len(runtime_warnings(out["stderr"])) == 1, (kind, offset, out["stderr"])
-            assert str(target.parent) in out["stderr"] or str(root / entry_rel) in out["stderr"], out["stderr"]
+            assert len(runtime_warnings(stderr)) == 1, (kind, offset, stderr)
+            assert str(target.parent) in stderr or str(root / entry_rel) in stderr, stderr
         # whatever was damaged is whole again afterwards
         entry = root / entry_rel
         assert cache.check_entry(entry, "vadd", entry.name.split(".", 1)[1]) is None
@@ -265,6 +271,23 @@ def test_full_disk_returns_the_right_answer_with_one_warning(small_disk, free):
     again = run_child(VADD_CHILD, root)
     assert again["source"] == "disk" and again["numba"] == {"cache_hits": 1, "cache_misses": 0}, again
     assert not runtime_warnings(again["stderr"]) and not leftovers(root)
+
+
+def test_read_only_disk_serves_its_entries_with_one_warning(small_disk, tmp_path):
+    root = small_disk / "root"
+    root.mkdir()
+    first = run_child(VADD_CHILD, root)
+    entry = Path(first["path"])
+    for f in entry.glob("__pycache__/*.nb?"):
+        f.unlink()  # numba must compile again, and may not write there
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    xdg = tmp_path / "xdg"  # the fallback root for new kernels (user cache directory)
+    out = run_child(VADD_CHILD, root, extra_env={"XDG_CACHE_HOME": str(xdg)})
+    assert out["ok"] and out["source"] == "disk" and out["path"] == str(entry), out
+    assert out["stats"].get("numba_compile") == 1, out
+    warnings = runtime_warnings(out["stderr"])
+    assert len(warnings) == 1 and f"{root} (DG_JIT_CACHE_DIR) is not writable" in warnings[0], out["stderr"]
+    assert not list(entry.glob("__pycache__/*.nb?"))
 
 
 GEMM_CHILD = """
