@@ -55,20 +55,22 @@ SETUP = {
     "fp8_gemm": textwrap.dedent("""
         import numpy as np
         from deep_gemm.kernels import fp8_gemm as fp8
+        from deep_gemm.kernels.common import prepare_gemm
 
         def make(i):
             fp8.precompile_fp8_gemm(64, 1024 + 512 * i, 512)  # n is compiled in: one new kernel per i
-            prepared = fp8._prepare(64, 1024 + 512 * i, 512, "fp8", "fp8", "bf16", "k", "k", False, "nk", None)
-            return prepared.kernel
+            return prepare_gemm(fp8.FP8_GEMM, 64, 1024 + 512 * i, 512, "fp8", "fp8", "bf16", "k", "k", False, "nk")
 
         u8, i16, u16 = np.zeros(1, np.uint8), np.zeros(1, np.int16), np.zeros(1, np.uint16)
 
-        def first_call(kernel):
+        def first_call(prepared):
             pass  # make() compiled (or loaded) it already
 
-        def call(kernel):
-            # m = 0: no tiles, so this times the launch itself (per-core buffers and flag rings included)
-            kernel(u8, 1, i16, 1, u8, 1, i16, 1, u16, 1, 0, 1024, 512, 1.0)
+        def call(prepared):
+            # m = 0: no tiles, so this times the launch itself (arguments bound by name and checked, per-core
+            # buffers and flag rings included)
+            prepared.launch(gm_a=u8, stride_a=1, gm_sfa=i16, stride_sfa=1, gm_b=u8, stride_b=1, gm_sfb=i16,
+                            stride_sfb=1, gm_d=u16, stride_d=1, shape_m=0, shape_n=1024, shape_k=512, alpha=1.0)
     """),
 }
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .. import envs
 
-META_VERSION = 2  # 2: meta.json carries its own checksum
+META_VERSION = 3  # 2: meta.json carries its own checksum; 3: it records the entry's parameters ("params")
 SHARED_NUMBA_DIR = "numba"  # <root>/numba/: numba's files of deep_gemm's device modules (numba_cache.py)
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
@@ -290,6 +290,9 @@ def load_entry(path: Path, name: str, digest: str) -> tuple[dict, bytes]:
         raise EntryProblem("meta.json does not match its own checksum (damaged, or written by an older deep_gemm)")
     if meta.get("digest") != digest or meta.get("name") != name:
         raise EntryProblem("meta.json does not describe this entry")
+    if meta.get("meta_version") != META_VERSION or not isinstance(meta.get("params"), list):
+        raise EntryProblem(f"meta.json is version {meta.get('meta_version')!r}, not {META_VERSION} (no entry "
+                           "signature: written by an older deep_gemm)")
     files = meta.get("files") if isinstance(meta.get("files"), dict) else {}
     contents = {}
     for fname in ("kernel.asc", "kernel.py"):

@@ -9,6 +9,7 @@ add_listener()). Knows nothing of GEMM.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import linecache
@@ -28,6 +29,7 @@ from . import cache, numba_cache
 from .errors import CompileError, JITError, RenderError, TranslateError
 from .numba_setup import KERNEL_MODULE_MARK, apply_numba_settings
 from .render import normalize_constants, render_lines
+from .signature import EntrySignature
 
 DEFAULT_DEVICE_MODULE = "deep_gemm.device"
 
@@ -166,12 +168,21 @@ class CompiledKernel:
         self.launcher = launcher_mode()
         name_ = self.entry if self.launcher == "threads" else f"{self.entry}_prange"
         self.fn = EntryFunction(getattr(module, name_), self.launcher)
+        self.signature = EntrySignature.from_abi(name, meta["params"], entry=self.entry)
+        self._bind = self.signature.bind
         self._call = self._first_call
 
-    def __call__(self, *args):
-        return self._call(*args)
+    def __call__(self, *args, **kwargs):
+        """Run the kernel: arguments by name (``gm_a=..., stride_a=...``) or in the entry's order, bound and checked
+        against the template's signature (``signature``); a missing, extra or mistyped one raises ArgumentError."""
+        return self._call(*self._bind(args, kwargs))
 
     launch = __call__
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The entry's parameter names, in the template's order."""
+        return self.signature.names
 
     def _make_fast_call(self):
         dispatcher = self.fn.dispatcher
@@ -182,10 +193,14 @@ class CompiledKernel:
         launch, cores = LAUNCHER.launch, self.num_ai_cores
         return lambda *args: launch(dispatcher, cores, args)
 
-    def compile(self, *args) -> None:
-        """Compile the kernel for the types of ``args`` (or load it from numba's cache) without running it."""
+    def compile(self, *args, **kwargs) -> None:
+        """Compile the kernel for the types of the arguments (bound as by a launch; or load it from numba's cache)
+        without running it. Without arguments: for placeholders of the types a launch binds (EntrySignature)."""
         import numba
 
+        if not args and not kwargs:
+            kwargs = self.signature.placeholders()
+        args = self._bind(args, kwargs)
         self._ensure_compiled(tuple(numba.typeof(a) for a in args), args)
 
     def _ensure_compiled(self, sig: tuple, args: tuple) -> None:
@@ -467,6 +482,7 @@ def _build_new(root: Path | None, name, digest, components, rendered, line_map, 
         "template": template,
         "entry": translation.entry,
         "helpers": translation.helpers,
+        "params": [dataclasses.asdict(p) for p in translation.params],
         "device_module": device_module,
         "device_functions": translation.device_names,
         "constants": constants,

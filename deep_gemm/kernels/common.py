@@ -1,12 +1,12 @@
-"""Shared launcher logic of the GEMM kernel families: GemmDesc -> config -> capacity check -> template constants ->
-jit.build, memoized per problem; GM arrays -> the flat views + outer strides the kernels take; dry-run compiles.
+"""What the GEMM kernel families share on top of the kernel layer (family.py): the GemmDesc -> GemmConfig ->
+capacity check -> template constants of a GEMM family, the per-call preparation, and GM arrays -> the flat views +
+outer strides the kernels take.
 
 Validation of user input is the API's job (deep_gemm/api); these functions trust their arguments' shapes.
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +14,7 @@ import numpy as np
 from .. import runtime
 from ..heuristics.arch import ArchSpec
 from ..heuristics.config import GemmConfig, GemmDesc
+from .family import KernelFamily, PreparedKernel
 
 # NOTES: outputs and operands arrive as numpy arrays whose bits the kernels read; these dtypes are the storage
 # the kernels are compiled for (views of other same-width dtypes are taken, never copies).
@@ -46,24 +47,13 @@ class GroupedLayout:
     def num_groups(self) -> int:
         return int(self.group_rows.shape[0])
 
-    def kernel_args(self, with_sf: bool) -> tuple:
-        args = (self.group_start, self.group_rows, int(self.num_groups), int(self.max_group_rows),
-                int(self.group_stride_b))
-        return args + (int(self.group_stride_sfb),) if with_sf else args
-
-
-@dataclass(frozen=True)
-class PreparedGemm:
-    """What one problem resolves to: its desc, the chosen config, the template constants and the kernel."""
-
-    desc: GemmDesc
-    config: GemmConfig
-    constants: dict
-    kernel: object  # deep_gemm.jit.CompiledKernel
-
-
-_prepared: dict[tuple, PreparedGemm] = {}
-_prepared_lock = threading.Lock()
+    def kernel_args(self, with_sf: bool) -> dict[str, object]:
+        """The M-grouped entry parameters (templates/lib/gemm.asc.j2 grouped_params), by name."""
+        args = {"gm_group_start": self.group_start, "gm_group_rows": self.group_rows, "num_groups": self.num_groups,
+                "max_group_rows": self.max_group_rows, "group_stride_b": self.group_stride_b}
+        if with_sf:
+            args["group_stride_sfb"] = self.group_stride_sfb
+        return args
 
 
 def gm_view(x: np.ndarray, storage: type) -> tuple[np.ndarray, int]:
@@ -126,53 +116,58 @@ def gemm_constants(desc: GemmDesc, config: GemmConfig, compiled_dims: str, resid
     return constants
 
 
-def prepare_gemm(kernel_name: str, desc: GemmDesc, compiled_dims: str, arch: ArchSpec,
-                 config: GemmConfig | None = None) -> PreparedGemm:
-    """Resolve (memoized per problem) the config and the built kernel of ``desc``.
+def gemm_template_constants(desc: GemmDesc, config: GemmConfig, arch: ArchSpec, *,
+                            compiled_dims: str) -> dict[str, object]:
+    """A GEMM family's template constants (KernelFamily.template_constants): decides the resident-A panel and checks
+    the config against the chip's buffers first. Raises device.BufferCapacityError for a config the chip could not
+    hold (the analogue of the real kernel's static_asserts)."""
+    from ..device.capacity import check_buffer_capacity, keeps_a_resident  # imports numba
 
-    ``config`` overrides the heuristic (tests and benchmarks); otherwise heuristics.get_best_config decides.
-    Raises device.BufferCapacityError for a config the chip could not hold.
-    """
-    key = (kernel_name, desc, compiled_dims, arch.name, config)
-    prepared = _prepared.get(key)
-    if prepared is not None:
-        return prepared
-    # Heavy imports only on the first call of a problem: deep_gemm.device pulls in numba.
-    from .. import jit
-    from ..device.capacity import check_buffer_capacity, keeps_a_resident
-    from ..heuristics import get_best_config, print_config_once
-
-    if config is None:
-        config = get_best_config(desc, arch)
     resident_a = keeps_a_resident(desc, config, arch, k_is_compiled="k" in compiled_dims)
     check_buffer_capacity(desc, config, arch, resident_a=resident_a)
-    constants = gemm_constants(desc, config, compiled_dims, resident_a)
-    kernel = jit.build(kernel_name, constants)
+    return gemm_constants(desc, config, compiled_dims, resident_a)
+
+
+def _select_config(desc: GemmDesc, arch: ArchSpec) -> GemmConfig:
+    from ..heuristics import get_best_config
+
+    return get_best_config(desc, arch)
+
+
+def _print_config(desc: GemmDesc, config: GemmConfig) -> None:
+    from ..heuristics import print_config_once
+
     print_config_once(desc, config)
-    prepared = PreparedGemm(desc, config, constants, kernel)
-    with _prepared_lock:
-        _prepared.setdefault(key, prepared)
-    return _prepared[key]
+
+
+def gemm_family(name: str, template: str | None = None) -> KernelFamily:
+    """A dense GEMM kernel family: the heuristic's config (heuristics.get_best_config), gemm_template_constants,
+    DG_PRINT_CONFIGS reporting."""
+    return KernelFamily(name, select_config=_select_config, template_constants=gemm_template_constants,
+                        template=template, on_prepared=_print_config)
+
+
+def prepare_gemm(family: KernelFamily, m: int, n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
+                 major_a: str, major_b: str, with_accumulation: bool, compiled_dims: str,
+                 config: GemmConfig | None = None, gemm_type: str = "normal", num_groups: int = 1) -> PreparedKernel:
+    """The prepared kernel of one dense GEMM call, for the current runtime target (core count, arch).
+
+    NOTES: the dispatch fast path looks a plain tuple of the call's parameters up first; the GemmDesc is built only
+    the first time a problem is seen.
+    """
+    num_ai_cores, arch = current_target()
+    key = (m, n, k, a_dtype, b_dtype, out_dtype, major_a, major_b, with_accumulation, compiled_dims, num_ai_cores,
+           arch.name, config, gemm_type, num_groups)
+    prepared = family.lookup(key)
+    if prepared is None:
+        desc = GemmDesc(m=m, n=n, k=k, a_dtype=a_dtype, b_dtype=b_dtype, out_dtype=out_dtype, major_a=major_a,
+                        major_b=major_b, with_accumulation=with_accumulation, num_ai_cores=num_ai_cores,
+                        gemm_type=gemm_type, num_groups=num_groups)
+        prepared = family.prepare(desc, arch=arch, config=config, options={"compiled_dims": compiled_dims},
+                                  memo_key=key)
+    return prepared
 
 
 def current_target() -> tuple[int, ArchSpec]:
     """(num_ai_cores, arch spec) the kernels are compiled and launched for (runtime settings)."""
     return runtime.get_num_ai_cores(), runtime.get_arch_spec()
-
-
-def run_or_compile(prepared: PreparedGemm, args: tuple) -> None:
-    """Launch the kernel on ``args``; in dry-run mode compile it for their types (filling the caches) instead."""
-    if runtime.get_dry_run():
-        compile_for(prepared, args)
-    else:
-        prepared.kernel(*args)
-
-
-def compile_for(prepared: PreparedGemm, args: tuple) -> None:
-    """Compile (or load from numba's cache) the kernel for the types of ``args`` without running it."""
-    prepared.kernel.compile(*args)
-
-
-def dummy_gm(dtype: type) -> np.ndarray:
-    """A one-element array with the numba type of a flat GM view of ``dtype`` (for compiling without data)."""
-    return np.zeros(1, dtype)

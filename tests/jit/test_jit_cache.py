@@ -157,6 +157,9 @@ def test_check_entry_names_each_problem(tmp_path):
     (entry / "kernel.py").write_text("b")
     files = {f: cache.file_sha256(entry / f) for f in ("kernel.asc", "kernel.py")}
     (entry / "meta.json").write_text(cache.meta_text({"name": "k", "digest": "abc", "files": files}))
+    assert "no entry signature" in cache.check_entry(entry, "k", "abc")  # an entry of an older deep_gemm
+    (entry / "meta.json").write_text(cache.meta_text({"name": "k", "digest": "abc", "files": files, "params": [],
+                                                      "meta_version": cache.META_VERSION}))
     assert cache.check_entry(entry, "k", "abc") is None
     assert "does not describe" in cache.check_entry(entry, "k", "other")
     (entry / "kernel.py").write_text("b" * 2)

@@ -419,7 +419,8 @@ def test_meta_json_checksum_covers_every_field(tmp_path):
     (entry / "kernel.asc").write_text("a")
     (entry / "kernel.py").write_text("b")
     files = {f: cache.file_sha256(entry / f) for f in ("kernel.asc", "kernel.py")}
-    meta = {"name": "k", "digest": "abc", "entry": "k", "files": files}
+    meta = {"name": "k", "digest": "abc", "entry": "k", "files": files, "params": [],
+            "meta_version": cache.META_VERSION}
     (entry / "meta.json").write_text(cache.meta_text(meta))
     assert cache.check_entry(entry, "k", "abc") is None
     edited = json.loads((entry / "meta.json").read_text())

@@ -378,9 +378,9 @@ def test_entry_params_are_the_entry_abi():
         extern "C" __global__ __aicore__ void k(GM_ADDR ws, const float* __restrict__ x, GlobalTensor<float> y,
                                                const LocalTensor<int16_t>& z, uint32_t n, float alpha) {}
     """
-    expected = [EntryParam("ws", "GM_ADDR", "pointer", "uint8"),
-                EntryParam("x", "const float*", "pointer", "float32"),  # macros blanked
-                EntryParam("y", "GlobalTensor<float>", "pointer", "float32"),
+    expected = [EntryParam("ws", "GM_ADDR", "pointer", "uint8", ndim=1),
+                EntryParam("x", "const float*", "pointer", "float32", ndim=1),  # macros blanked
+                EntryParam("y", "GlobalTensor<float>", "pointer", "float32"),  # a tensor: any rank (ndim 0)
                 EntryParam("z", "const LocalTensor<int16_t>&", "pointer", "int16"),
                 EntryParam("n", "uint32_t", "scalar", "uint32"), EntryParam("alpha", "float", "scalar", "float32")]
     assert entry_params(source) == expected

@@ -17,12 +17,14 @@ class EntryParam:
     """One parameter of the kernel entry, as a launcher binds it: ``name``; ``c_type``, the C spelling without the
     name (macros such as __gm__ blanked, e.g. "GM_ADDR", "uint32_t", "const GlobalTensor<float>&"); ``kind``:
     "pointer" (GM_ADDR, T*, GlobalTensor/LocalTensor, passed as a numpy array) or "scalar" (passed as a Python/numpy
-    number); ``dtype``: the numpy name of the scalar or of the element type ("uint8" for GM_ADDR), None if unknown."""
+    number); ``dtype``: the numpy name of the scalar or of the element type ("uint8" for GM_ADDR), None if unknown;
+    ``ndim``: the array rank a pointer takes (1 for T* and GM_ADDR; 0 = any rank for tensors and scalars)."""
 
     name: str
     c_type: str
     kind: str
     dtype: str | None
+    ndim: int = 0
 
 
 @dataclass
@@ -132,7 +134,7 @@ class EntryABI:
         after = self.data[decl.end_byte:param.end_byte].decode()
         c_type = " ".join(f"{before} {after}".split()).replace(" *", "*").replace(" &", "&")
         kind = "pointer" if ctype.kind == "array" else "scalar"
-        return EntryParam(name, c_type, kind, ctype.np)
+        return EntryParam(name, c_type, kind, ctype.np, ctype.ndim if kind == "pointer" else 0)
 
     def functions_to_inline(self) -> set[str]:
         """Helpers that reach device code, directly or through other helpers, plus the entry.
