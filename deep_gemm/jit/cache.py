@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 
 from .. import envs
+from .sources import codegen_sources_digest, device_dependencies
 
 META_VERSION = 3  # 2: meta.json carries its own checksum; 3: it records the entry's parameters ("params")
 SHARED_NUMBA_DIR = "numba"  # <root>/numba/: numba's files of deep_gemm's device modules (numba_cache.py)
@@ -148,40 +149,25 @@ def tool_versions() -> dict[str, str]:
     return out
 
 
-def sources_digest(paths: list[Path]) -> str:
-    """sha256 over the *.py files under ``paths`` (directories are walked; relative names and bytes hashed)."""
-    h = hashlib.sha256()
-    for base in paths:
-        files = sorted(base.rglob("*.py")) if base.is_dir() else [base]
-        for f in files:
-            if "__pycache__" in f.parts:
-                continue
-            h.update(str(f.relative_to(base.parent) if base.is_dir() else f.name).encode() + b"\0")
-            h.update(f.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-@functools.lru_cache(maxsize=16)
-def own_sources_digest(device_module: str) -> str:
-    """Digest of deep_gemm/jit/ and deep_gemm/device/ sources, plus the device module's file when it lives
-    elsewhere. Computed once per process: a process keeps the sources it imported."""
-    paths = [_PACKAGE_DIR / "jit", _PACKAGE_DIR / "device"]
-    import importlib.util
-
-    spec = importlib.util.find_spec(device_module)
-    if spec is not None and spec.origin and not any(Path(spec.origin).resolve().is_relative_to(p) for p in paths):
-        paths.append(Path(spec.origin).resolve())
-    return sources_digest([p for p in paths if p.exists()])
-
-
 def cache_key(name: str, rendered: str, device_module: str, numba_settings: dict) -> tuple[str, dict]:
-    """(digest, components): sha256 over the kernel name, the rendered source, our jit/ and device/ sources, the
-    device module, numba settings and tool versions. The digest is the first 32 hex characters."""
+    """(digest, components): sha256 over the kernel name, the rendered source, the JIT modules that shape generated
+    code (sources.CODEGEN_SOURCES), the device modules this kernel's source uses (sources.device_dependencies: the
+    intrinsics it names, their modules and what those import), the meta.json format, numba settings and tool
+    versions. The digest is the first 32 hex characters.
+
+    NOTES: the device part is per kernel, so adding an intrinsic (a new device module exported by the device
+    package) or editing one a kernel does not call leaves that kernel's entry valid.
+    """
+    deps = device_dependencies(device_module, rendered)
     components = {
         "name": name,
         "source_sha256": hashlib.sha256(rendered.encode()).hexdigest(),
-        "own_sources": own_sources_digest(device_module),
+        "codegen_sources": codegen_sources_digest(),
         "device_module": device_module,
+        "device_intrinsics": deps["intrinsics"],
+        "device_modules": deps["modules"],
+        "device_sources": deps["sha256"],
+        "meta_version": META_VERSION,
         "numba_settings": {k: str(v) for k, v in sorted(numba_settings.items())},
         **tool_versions(),
     }

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from jit_helpers import EXAMPLE_DEVICE, VADD_CHILD, VADD_CONSTS, run_child, stats_delta, vadd_args, vadd_reference
 
-from deep_gemm.jit import CompileError, JITError, build, cache, numba_cache, stats
+from deep_gemm.jit import CompileError, JITError, build, cache, numba_cache, sources, stats
 from deep_gemm.jit import compile as jit_compile
 from deep_gemm.jit.render import default_template_dir
 
@@ -49,7 +49,10 @@ def test_ten_calls_one_compile(fresh_root, rng):
     assert any(entry.glob("__pycache__/*.nbi")), "numba's cache must live inside the entry"
     meta = json.loads((entry / "meta.json").read_text())
     assert meta["constants"] == VADD_CONSTS and meta["entry"] == "vadd"
-    assert set(meta["key_components"]) >= {"numba", "llvmlite", "numpy", "tree-sitter-cpp", "python", "own_sources"}
+    assert set(meta["key_components"]) >= {"numba", "llvmlite", "numpy", "tree-sitter-cpp", "python", "codegen_sources",
+                                           "device_sources", "device_modules", "meta_version"}
+    assert meta["key_components"]["device_modules"] == ["deep_gemm.envs", "deep_gemm.jit.example_device",
+                                                        "deep_gemm.jit.numba_setup"]
 
 
 def test_second_process_loads_from_disk_without_compiling(fresh_root, rng):
@@ -83,27 +86,98 @@ def test_key_changes_with_template_constants_sources_and_versions(tmp_path, monk
     assert key("b") != base  # any change of the rendered template
     assert key(consts={**VADD_CONSTS, "TILE": 32}) != base
     assert key(settings={"SLP_VECTORIZE": 0}) != base
-    monkeypatch.setattr(cache, "own_sources_digest", lambda module: "edited")
-    assert key() != base  # a change to our jit/ or device/ sources
+    monkeypatch.setattr(cache, "codegen_sources_digest", lambda: "edited")
+    assert key() != base  # a change to the JIT modules that shape generated code
     monkeypatch.undo()
     monkeypatch.setattr(cache, "tool_versions", lambda: {"numba": "0.0"})
     assert key() != base
 
 
-def test_sources_digest_sees_every_python_file(tmp_path):
-    pkg = tmp_path / "pkg"
-    (pkg / "sub").mkdir(parents=True)
-    (pkg / "a.py").write_text("x = 1\n")
-    (pkg / "sub" / "b.py").write_text("y = 2\n")
-    before = cache.sources_digest([pkg])
-    (pkg / "sub" / "b.py").write_text("y = 3\n")
-    assert cache.sources_digest([pkg]) != before
-    (pkg / "sub" / "b.py").write_text("y = 2\n")
-    assert cache.sources_digest([pkg]) == before
-    (pkg / "c.py").write_text("")
-    assert cache.sources_digest([pkg]) != before
-    # the real digest covers deep_gemm/jit and deep_gemm/device
-    assert cache.own_sources_digest(EXAMPLE_DEVICE) == cache.own_sources_digest(EXAMPLE_DEVICE)
+FAKE_DEVICE = {
+    "__init__.py": "from .a import f\nfrom .b import g\n\n__all__ = ['f', 'g']\n",
+    "a.py": "from ._util import helper\n\n\ndef f(x):\n    return helper(x)\n",
+    "b.py": "def g(x):\n    return x\n",
+    "_util.py": "def helper(x):\n    return x + 1\n",
+}
+
+
+@pytest.fixture
+def fake_device(tmp_path, monkeypatch):
+    """A device package of its own on sys.path (nothing imports it: the key reads files as text)."""
+    name = f"fakedev_{tmp_path.name.replace('-', '_')}"
+    pkg = tmp_path / name
+    pkg.mkdir()
+    for fname, text in FAKE_DEVICE.items():
+        (pkg / fname).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sources.clear_caches()
+    yield name, pkg
+    sources.clear_caches()
+
+
+def test_device_key_covers_the_modules_a_kernel_uses(fake_device):
+    name, pkg = fake_device
+
+    def key(source="    f(x);  // calls f only\n"):
+        sources.clear_caches()  # as a new process would see the files
+        return cache.cache_key("k", source, name, {})
+
+    base, components = key()
+    assert components["device_intrinsics"] == {"f": f"{name}.a"}
+    assert components["device_modules"] == [f"{name}._util", f"{name}.a"]  # f's module and what it imports
+    # a new intrinsic in a new module, exported by the package: existing keys stay
+    (pkg / "c.py").write_text("def h(x):\n    return 2 * x\n")
+    init = FAKE_DEVICE["__init__.py"].replace("__all__ = ['f', 'g']", "from .c import h\n\n__all__ = ['f', 'g', 'h']")
+    (pkg / "__init__.py").write_text(init)
+    assert key()[0] == base
+    (pkg / "b.py").write_text("def g(x):\n    return -x\n")  # an intrinsic this kernel does not call
+    assert key()[0] == base
+    assert key("g(x); h(x);")[0] != base
+    (pkg / "_util.py").write_text("def helper(x):\n    return x + 2\n")  # imported by the intrinsic's module
+    changed = key()[0]
+    assert changed != base
+    (pkg / "a.py").write_text(FAKE_DEVICE["a.py"] + "# edited\n")
+    assert key()[0] not in (base, changed)
+
+
+def test_gemm_keys_survive_a_new_device_module_and_follow_the_used_ones(monkeypatch):
+    """The real fp8_gemm template against the real deep_gemm.device, as if a new intrinsic module were added."""
+    from deep_gemm.heuristics.config import GemmConfig, GemmDesc
+    from deep_gemm.jit.render import render
+    from deep_gemm.kernels.common import gemm_constants
+
+    config = GemmConfig(block_m=64, block_n=64, block_k=128, mad_m=32, mad_n=32, mad_k=64, num_l1_stages=2,
+                        num_ai_cores=7)
+    rendered = {t: render(t, gemm_constants(GemmDesc(m=40, n=96, k=320, a_dtype=d, b_dtype=d), config, "nk", False))
+                for t, d in (("fp8_gemm", "fp8"), ("bf16_gemm", "bf16"))}
+    real_text = sources._text.__wrapped__
+    edits: dict[str, str] = {}
+
+    def text(path):
+        body = real_text(path)
+        for suffix, extra in edits.items():
+            if str(path).endswith(suffix):
+                body += extra
+        return body
+
+    def keys():
+        sources.clear_caches()
+        return {t: cache.cache_key(t, src, "deep_gemm.device", {})[0] for t, src in rendered.items()}
+
+    monkeypatch.setattr(sources, "_text", text)
+    base = keys()
+    assert keys() == base
+    # deep_gemm.device gains an intrinsic: a new module and its export (the module itself need not exist to
+    # show it is never read for these kernels)
+    edits["device/__init__.py"] = "\nfrom .vector_new import Exp  # noqa: E402\n__all__ += ['Exp']\n"
+    edits["device/capacity.py"] = "\n# a host-side helper edited\n"
+    assert keys() == base
+    edits["device/fixpipe.py"] = "\n# FixPipe edited\n"  # used by both GEMMs
+    after_fixpipe = keys()
+    assert all(after_fixpipe[t] != base[t] for t in base)
+    edits["device/_bits.py"] = "\n# bit helpers edited\n"  # imported by copy.py and cube.py
+    assert all(keys()[t] != after_fixpipe[t] for t in base)
+    sources.clear_caches()
 
 
 # Corrupt entries ------------------------------------------------------------------------------------------------
