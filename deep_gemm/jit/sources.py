@@ -152,8 +152,13 @@ def _bound_names(module: str) -> frozenset[str]:
     return frozenset(names)
 
 
+_JIT_PACKAGE = __name__.rsplit(".", 1)[0]  # deep_gemm.jit
+
+
 def _closure(modules: set[str], scope: str) -> set[str]:
-    """``modules`` plus every module of package ``scope`` they import, transitively (source modules only)."""
+    """``modules`` plus every module of package ``scope`` they import, transitively (source modules only), except
+    the JIT's own modules: those count through CODEGEN_SOURCES (numba_setup, enums, ...) or not at all (the cache,
+    the launcher: a kernel's code does not depend on them)."""
     todo, seen = list(modules), set()
     while todo:
         module = todo.pop()
@@ -161,7 +166,8 @@ def _closure(modules: set[str], scope: str) -> set[str]:
             continue
         seen.add(module)
         for source in set(module_imports(module).values()):
-            if source == scope or source.startswith(scope + "."):
+            in_scope = source == scope or source.startswith(scope + ".")
+            if in_scope and not (source == _JIT_PACKAGE or source.startswith(_JIT_PACKAGE + ".")):
                 todo.append(source)
     return seen
 
@@ -169,7 +175,8 @@ def _closure(modules: set[str], scope: str) -> set[str]:
 def device_dependencies(device_module: str, rendered: str) -> dict[str, object]:
     """What a kernel rendered as ``rendered`` depends on in ``device_module``: the intrinsics its source names
     (identifiers of the source that the module binds; comments included, which can only add), where each comes
-    from, and the source modules those live in plus every module of the same top-level package they import.
+    from, and the source modules those live in plus every module of the same top-level package they import (the
+    JIT's modules excepted: CODEGEN_SOURCES covers the ones that shape code).
 
     Returns {"intrinsics": {name: module}, "modules": [module, ...], "sha256": digest of those modules' bytes}. The
     device package's own __init__ is hashed only when an intrinsic is defined there (or a used module imports
