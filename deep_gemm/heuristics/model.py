@@ -60,8 +60,10 @@ from .config import (
 )
 
 # NOTES: msprof task times of small Ascend kernels do not go below a few microseconds: the task launch, the
-# block start on every AI core and the final synchronisation. 2 us is our assumption for a MIX (AIC + 2 AIV)
-# kernel; it is the only time constant of the model that is not a hardware figure.
+# block start on every AI core and the final synchronisation. 2 us is our judgement for a persistent kernel on every
+# AI core (not a hardware figure). CATLASS's A2 tiler charges a head of 1 + 7 * blocks / cores us; on the 950DT that
+# would be 8 us, more than the published 128 x 32768 x 512 FP8 row leaves beside its HBM traffic (10.4 us measured,
+# 6.5-7.4 us of bytes), so we keep the smaller figure for every shape (not fitted per row).
 LAUNCH_S = 2.0e-6
 
 # NOTES: hardware figures the ArchSpec does not carry, from DeepGEMM-Ascend's heuristics.hpp (950 rates):
@@ -72,6 +74,79 @@ MAD_ISSUE_CYCLES = {"bf16": 64, "fp8": 116, "fp4": 40}
 FP4_DECODE_BYTES_PER_CYCLE = 64
 UB_TO_L1_BYTES_PER_CYCLE = 128
 AIVS_PER_CORE = 2
+
+
+@dataclass(frozen=True)
+class MemoryFigures:
+    """Sourced figures of the latency-bound regime (shared reference ascend_memory_latency.md), from which the
+    model derives its per-copy costs. Each field is a published figure, not a fitted one; ``bench/model_check.py
+    --sensitivity`` moves each by +-20 %. ``enabled=False`` turns every term they feed off (the plain roofline of
+    per-core MTE2 at the ArchSpec rate), which the tests use to check that the terms vanish at large M.
+    """
+
+    # asc-devkit data_copy best practice (950 box, msprof): 64 AIVs issuing 128 B copies reach 0.34 TB/s, i.e.
+    # ~24 ns per copy per core: the issue cost of one DataCopy instruction. [M]
+    small_copy_chip_bytes_per_s: float = 0.34e12
+    small_copy_bytes: int = 128
+    small_copy_cores: int = 64
+    # Same source: 32 AICs copying 8 KB ND2NZ blocks GM -> L1 reach 1.24 TB/s, below the box's HBM: 211 ns per
+    # copy per core. That loop has one copy in flight per core, so less its issue this is the loaded GM latency
+    # (SemiAnalysis' 16 KiB reads on a 950PR: 134-182 ns for up to 56 blocks). [M]
+    nd2nz_chip_bytes_per_s: float = 1.24e12
+    nd2nz_copy_bytes: int = 8192
+    nd2nz_cores: int = 32
+    # 8192^3 fp16 on 32 cores of a 950 box (256 x 256 x 64 blocks): msprof's MTE2 theory is 1832 us for the
+    # 268 MB each core loads (its 32 tiles of 2 x 256 x 8192 halves): 146.5 GB/s per core (88.8 B/cycle at
+    # 1.65 GHz), the per-core GM -> L1 rate. The kernel's MTE2 was busy 1900 us: copies that deep hide latency. [M]
+    mte2_theory_bytes: float = 32 * 2 * 256 * 8192 * 2
+    mte2_theory_s: float = 1832e-6
+    mte2_theory_clock_hz: float = 1.65e9
+    # GM requests are served in 512 B units (asc-devkit guide, "avoid same-address access"). [S]
+    gm_request_bytes: int = 512
+    # 32 AICs reading the same 8 MB in the same order: 370 us, staggered: 187 us (950). Readers of the same
+    # 512 B unit are served one after another, so a copy that all P cores read at once is streamed this many
+    # times slower; fewer readers lose proportionally less ((s - 1) / (P - 1) of it). [M]
+    same_address_slowdown: float = 370.0 / 187.0
+    same_address_cores: int = 32
+    # Rows of 128 B into L1 fill a quarter of a 512 B line; 512 B rows ran 1.35-1.57x faster (mxfp4 matmul on a
+    # 950, pto-kernels): the midpoint, spread over the 512 B requests a row length costs per byte. [M]
+    short_row_slowdown: float = 1.46
+    # FixPipe on the 950 (NPU arch 3510 spec): 64 elements/cycle for bf16/fp16/fp8 output, 32 for fp32. [S]
+    fixpipe_elems_per_cycle: int = 64
+    enabled: bool = True
+
+    @property
+    def copy_issue_s(self) -> float:
+        """Issue cost of one DataCopy (s): 128 B copies on 64 AIVs at 0.34 TB/s."""
+        return self.small_copy_cores * self.small_copy_bytes / self.small_copy_chip_bytes_per_s
+
+    @property
+    def gm_latency_s(self) -> float:
+        """Loaded GM -> L1 latency (s): the 8 KB ND2NZ copy time per core less its issue."""
+        return max(0.0, self.nd2nz_cores * self.nd2nz_copy_bytes / self.nd2nz_chip_bytes_per_s - self.copy_issue_s)
+
+    def mte2_bytes_per_s(self, arch: ArchSpec) -> float:
+        """Per-core GM -> L1 rate (B/s) on ``arch``: the 950's MTE2 theory in bytes per cycle, at ``arch``'s clock."""
+        return self.mte2_theory_bytes / self.mte2_theory_s / self.mte2_theory_clock_hz * arch.clock_hz
+
+    def row_factor(self, row_bytes: float) -> float:
+        """Slowdown of MTE2 streaming for rows of ``row_bytes``: 1.0 for rows of whole 512 B requests, growing
+        with the requests per byte up to ``short_row_slowdown`` for 128 B rows (and beyond for shorter ones)."""
+        if row_bytes >= self.gm_request_bytes:
+            return 1.0
+        requests_per_byte = self.gm_request_bytes / max(row_bytes, 1.0) - 1.0
+        return 1.0 + (self.short_row_slowdown - 1.0) * requests_per_byte / (self.gm_request_bytes / 128 - 1.0)
+
+    def same_address_factor(self, sharers: int) -> float:
+        """How much slower a copy streams when ``sharers`` cores read the same blocks at once (1.0 alone)."""
+        if sharers <= 1:
+            return 1.0
+        span = max(1, self.same_address_cores - 1)
+        return 1.0 + (self.same_address_slowdown - 1.0) * min(1.0, (sharers - 1) / span)
+
+
+MEMORY_FIGURES = MemoryFigures()
+ROOFLINE_FIGURES = MemoryFigures(enabled=False)
 
 RESOURCES = ("cube", "mte1", "mte2", "fixpipe", "vector", "l2", "hbm")
 _PIPES = ("cube", "mte1", "mte2", "fixpipe", "vector")  # per-core pipes, overlapped within a core
@@ -98,6 +173,59 @@ class GemmCost:
     l2_bytes: int
     hbm_bytes: int
     flops: float  # useful FLOPs (2 * m * n * k over every group)
+    # Latency-regime terms (0 with the roofline figures): of the busiest core's MTE2 time, the part spent on copy
+    # issue and exposed memory latency, and the part lost to same-address serialisation of shared blocks.
+    copy_overhead_s: float = 0.0
+    same_address_s: float = 0.0
+    active_cores: int = 0  # cores with a tile in the first wave
+
+    @property
+    def achieved_hbm_bytes_per_s(self) -> float:
+        """Modelled HBM bandwidth the kernel reaches: its HBM bytes over its time."""
+        return self.hbm_bytes / self.time_s
+
+
+@dataclass(frozen=True)
+class _Links:
+    """GM -> L1 conditions of one core under a schedule: one in-order MTE2 with a copy in flight at a time."""
+
+    stream_bytes_per_s: float  # the MTE2 rate of one core
+    inflight_bytes: float  # bytes the L1 ring lets the MTE2 request ahead of the Cube
+    hbm_share: float  # HBM bandwidth per active core (B/s)
+    l2_share: float  # L2 bandwidth per active core (B/s)
+    latency_s: float
+    issue_s: float
+    hbm_frac_a: float  # fraction of A's (B's) GM -> L1 bytes that come from HBM rather than L2
+    hbm_frac_b: float
+    slow_a: float  # same-address factors of A and B copies
+    slow_b: float
+    figures: MemoryFigures
+
+
+def _copy_s(links: _Links, nbytes: float, rows: float, hbm_frac: float,
+            slow: float) -> tuple[float, float, float, str]:
+    """(time, exposed overhead, same-address loss, what limits it) of one GM -> L1 copy of ``nbytes`` in ``rows``
+    rows; the limit is "mte2" (the core's rate), "hbm" or "l2" (its share of either) or "latency" (in flight).
+
+    The copy is issued (``issue_s``, serial in the in-order MTE2), then its bytes stream at the slowest of: the
+    core's MTE2 rate (slower for rows under 512 B); Little's law, the bytes the L1 ring lets the core have in
+    flight over the memory latency (longer while other cores queue on the same 512 B units: ``slow``); and the
+    core's share of the HBM and L2 bandwidth, for the fractions of the bytes each level serves.
+    """
+    if nbytes <= 0:
+        return 0.0, 0.0, 0.0, "mte2"
+    f = links.figures
+    row_bytes = nbytes / max(rows, 1.0)
+    stream = nbytes * (f.row_factor(row_bytes) if f.enabled else 1.0) / links.stream_bytes_per_s
+    hbm = nbytes * hbm_frac / links.hbm_share
+    l2 = nbytes * (1.0 - hbm_frac) / links.l2_share
+    inflight = nbytes * links.latency_s / links.inflight_bytes
+    limits = {"mte2": stream, "hbm": hbm + l2 if hbm >= l2 else 0.0, "l2": hbm + l2 if l2 > hbm else 0.0,
+              "latency": inflight * slow}
+    limiter = max(limits, key=limits.__getitem__)
+    t = links.issue_s + limits[limiter]
+    loss = t - (links.issue_s + max(stream, hbm + l2, inflight))
+    return t, links.issue_s + max(0.0, inflight - max(stream, hbm + l2)), loss, limiter
 
 
 @dataclass(frozen=True)
@@ -144,8 +272,9 @@ def round_up(x: int, a: int) -> int:
 
 
 def _tile_costs(desc: GemmDesc, c: GemmConfig, arch: ArchSpec, tm: int, tn: int, depth: int,
-                a_resident: bool) -> tuple[dict[str, float], float]:
-    """Per-core pipe cycles of one tm x tn tile over K = ``depth``, and the bytes it reads GM -> L1 (via L2)."""
+                a_resident: bool, links: _Links) -> tuple[dict[str, float], float, float, float, dict[str, float]]:
+    """Per-core pipe cycles of one tm x tn tile over K = ``depth``, the bytes it reads GM -> L1 (via L2), and of
+    its MTE2 seconds the copy overhead, the same-address loss and the split by what limits each copy."""
     a_bits, b_bits = cube_operand_bits(desc)  # as in L1 / L0
     cdt = cube_dtype(desc.a_dtype, desc.b_dtype)
     c0 = arch.c0_bytes * 8 // DTYPE_BITS[cdt]
@@ -172,14 +301,53 @@ def _tile_costs(desc: GemmDesc, c: GemmConfig, arch: ArchSpec, tm: int, tn: int,
     a_gm = 0.0 if a_resident else tm * kpad * DTYPE_BITS[desc.a_dtype] / 8
     b_gm = tn * kpad * DTYPE_BITS[desc.b_dtype] / 8
     gm = a_gm + b_gm + sf_gm
-    mte2 = gm / arch.gm_to_l1_bytes_per_cycle
+    mte2_s, overhead_s, same_s, by_limit = _mte2_s(desc, c, tm, tn, kpad, a_resident, links)
+    mte2 = mte2_s * arch.clock_hz
 
-    fix = tm * tn * 4 / arch.fixpipe_bytes_per_cycle  # the fp32 accumulator out of L0C
+    if links.figures.enabled:  # FixPipe drains L0C at so many output elements per cycle (bf16: 64, fp32: 32)
+        out_bytes = OUT_DTYPE_BYTES[desc.out_dtype]
+        fix = tm * tn / min(links.figures.fixpipe_elems_per_cycle, arch.fixpipe_bytes_per_cycle // out_bytes)
+    else:
+        fix = tm * tn * 4 / arch.fixpipe_bytes_per_cycle  # the fp32 accumulator out of L0C
     vector = 0.0
     if DTYPE_BITS[desc.b_dtype] < b_bits:  # fp8 x fp4: the AIVs decode B to FP8, then copy it UB -> L1
         decoded = tn * kpad * b_bits / 8
         vector = max(b_gm / FP4_DECODE_BYTES_PER_CYCLE, decoded / UB_TO_L1_BYTES_PER_CYCLE) / AIVS_PER_CORE
-    return {"cube": cube, "mte1": mte1, "mte2": mte2, "fixpipe": fix, "vector": vector}, gm
+    pipes = {"cube": cube, "mte1": mte1, "mte2": mte2, "fixpipe": fix, "vector": vector}
+    return pipes, gm, overhead_s, same_s, by_limit
+
+
+def _mte2_s(desc: GemmDesc, c: GemmConfig, tm: int, tn: int, kpad: int, a_resident: bool,
+            links: _Links) -> tuple[float, float, float, dict[str, float]]:
+    """(time, copy overhead, same-address loss, time by limit) of one tile's GM -> L1 copies: per BLOCK_K step an A block
+    (unless resident) and a B block, per ``sf_k_blocks`` steps a chunk of A and B scales (int16 pairs, MN-major:
+    one row of 2 * rows bytes per 64 K)."""
+    a_bytes, b_bytes = DTYPE_BITS[desc.a_dtype] / 8, DTYPE_BITS[desc.b_dtype] / 8
+    k_steps = -(-kpad // c.block_k)
+    last_k = kpad - (k_steps - 1) * c.block_k
+    total = [0.0, 0.0, 0.0]
+    by_limit: dict[str, float] = {}
+
+    def add(count: float, nbytes: float, rows: float, hbm_frac: float, slow: float) -> None:
+        t, overhead, loss, limit = _copy_s(links, nbytes, rows, hbm_frac, slow)
+        total[0] += count * t
+        total[1] += count * overhead
+        total[2] += count * loss
+        by_limit[limit] = by_limit.get(limit, 0.0) + count * t
+
+    for count, kk in ((k_steps - 1, c.block_k), (1, last_k)):
+        if not count:
+            continue
+        if not a_resident:
+            add(count, tm * kk * a_bytes, kk if desc.major_a == "mn" else tm, links.hbm_frac_a, links.slow_a)
+        add(count, tn * kk * b_bytes, kk if desc.major_b == "mn" else tn, links.hbm_frac_b, links.slow_b)
+    if desc.has_sf:
+        chunks = -(-k_steps // max(1, c.sf_k_blocks))
+        sf_rows = kpad / 64 / chunks  # int16 columns per chunk, each a row of 2 * MN bytes
+        if not a_resident:
+            add(chunks, tm * kpad / 32 / chunks, sf_rows, links.hbm_frac_a, links.slow_a)
+        add(chunks, tn * kpad / 32 / chunks, sf_rows, links.hbm_frac_b, links.slow_b)
+    return total[0], total[1], total[2], by_limit
 
 
 def keeps_a_resident(desc: GemmDesc, config: GemmConfig, arch: ArchSpec) -> bool:
@@ -194,8 +362,12 @@ def keeps_a_resident(desc: GemmDesc, config: GemmConfig, arch: ArchSpec) -> bool
             and stream_l1_bytes(desc, config, r.depth) <= arch.l1_bytes)
 
 
-def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec) -> GemmCost:
-    """Modelled chip time of ``desc`` run with ``config`` on ``arch`` (the module docstring lists every term)."""
+def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec,
+               figures: MemoryFigures = MEMORY_FIGURES) -> GemmCost:
+    """Modelled chip time of ``desc`` run with ``config`` on ``arch`` (the module docstring lists every term).
+
+    ``figures``: the sourced memory-system figures (``ROOFLINE_FIGURES`` switches the latency-regime terms off).
+    """
     c = config
     r = regions(desc)
     cores = c.num_ai_cores
@@ -212,47 +384,7 @@ def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec) -> GemmCost:
     tiles_per_region = mb * nb
     num_tiles = tiles_per_region * r.count
     a_resident = keeps_a_resident(desc, c, arch)
-
-    kinds = []  # (core cycles = slowest pipe, pipe cycles, GM bytes, count)
-    for tm, tn, count in ((c.block_m, c.block_n, (mb - 1) * (nb - 1)), (tail_m, c.block_n, nb - 1),
-                          (c.block_m, tail_n, mb - 1), (tail_m, tail_n, 1)):
-        if count:
-            pipes, gm = _tile_costs(desc, c, arch, tm, tn, r.depth, a_resident)
-            kinds.append((max(pipes.values()), pipes, gm, count * r.count))
-    kinds.sort(key=lambda kind: -kind[0])
-    l2_bytes = sum(gm * count for _, _, gm, count in kinds)
-
-    # Waves over the AI cores. The busiest core runs ceil(tiles / P) tiles and is taken to draw the heaviest
-    # ones: exact when tails are few (the static round-robin order gives some core only full tiles), an upper
-    # bound otherwise. A wave costs the larger of that core's tile and the wave's L2 reads (P tiles like it;
-    # the tail wave has fewer tiles, so fewer bytes); pipes within a core overlap (double-buffered stages).
-    full_waves, tail = divmod(num_tiles, cores)
-    num_waves = full_waves + (1 if tail else 0)
-    wave_time = 0.0
-    pipe_s = dict.fromkeys(_PIPES, 0.0)
-    taken = 0
-    for cycles, pipes, gm, count in kinds:  # heaviest first, until the busiest core has its num_waves tiles
-        take = min(count, num_waves - taken)
-        full = max(0, min(take, full_waves - taken))  # of them, tiles that run in full waves
-        for n_tiles, in_wave in ((full, cores), (take - full, tail)):
-            if n_tiles:
-                wave_bytes = in_wave * gm
-                wave_time += n_tiles * max(cycles / clock, wave_bytes / arch.l2_bytes_per_s)
-        for key in _PIPES:
-            pipe_s[key] += take * pipes[key] / clock
-        taken += take
-        if taken == num_waves:
-            break
-    if a_resident:
-        # Stream path: row-major tiles, so an M-block's N tiles sit on min(P, N-blocks) consecutive cores, each
-        # of which loads that A panel (BLOCK_M x K and scales) once, between pipe barriers (not overlapped).
-        panel = (tail_m if mb == 1 else c.block_m) * (kpad * a_bytes + sf_row)
-        loads = r.count * mb * min(cores, nb)
-        loads_busiest = -(-loads // cores)
-        panel_s = panel / (arch.gm_to_l1_bytes_per_cycle * clock)
-        wave_time += loads_busiest * max(panel_s, min(cores, loads) * panel / arch.l2_bytes_per_s)
-        pipe_s["mte2"] += loads_busiest * panel_s
-        l2_bytes += loads * panel
+    active = min(cores, num_tiles)
 
     # HBM (cold L2): A, B and scales once, B again when it does not fit L2 beside a super-row of A (the snake
     # order keeps the most recent part of B hot for the next super-row), D out (and C in when accumulating).
@@ -263,13 +395,102 @@ def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec) -> GemmCost:
     b_region = r.cols * (kpad * b_bytes + sf_row)
     a_super_row = min(r.rows, group_m * c.block_m) * (kpad * a_bytes + sf_row)
     b_miss = max(0.0, 1.0 - max(0.0, arch.l2_bytes - a_super_row) / b_region)
+    b_hbm = b_region * (1.0 + (super_rows - 1) * b_miss)
     d_region = r.rows * r.cols * out_bytes * (2 if desc.with_accumulation else 1)
-    hbm_bytes = r.count * (a_region + b_region * (1.0 + (super_rows - 1) * b_miss) + d_region)
+    hbm_bytes = r.count * (a_region + b_hbm + d_region)
     hbm_s = hbm_bytes / arch.hbm_bytes_per_s
 
+    # Per-core GM -> L1 conditions. Which fraction of each operand's L1 loads comes from HBM (the rest hits L2),
+    # and how many cores read the same block at once: the swizzle's chunk puts group_m M-blocks beside
+    # num_cores / group_m N-blocks, the row-major order puts up to P consecutive N-blocks of one M-block.
+    # NOTES: a wave's HBM bytes are the kernel's spread over its waves; the rest of the wave's loads hit L2.
+    wave_slots = -(-num_tiles // cores) * active
+    if a_resident:
+        a_reads = r.count * mb * min(cores, nb) * min(c.block_m, r.rows) * (kpad * a_bytes + sf_row)
+    else:
+        a_reads = wave_slots * c.block_m * (kpad * a_bytes + sf_row)
+    b_reads = wave_slots * c.block_n * (kpad * b_bytes + sf_row)
+    hbm_frac_a = min(1.0, r.count * a_region / a_reads)
+    hbm_frac_b = min(1.0, r.count * b_hbm / b_reads)
+    if group_m > 1:
+        sharers_a, sharers_b = min(max(cores // group_m, 1), nb), min(group_m, mb)
+    else:
+        sharers_a, sharers_b = min(active, nb), min(mb, -(-active // nb))
+    f = figures
+    if f.enabled:
+        a_l1_bits, b_l1_bits = cube_operand_bits(desc)
+        stage = c.block_k * ((0 if a_resident else c.block_m * a_l1_bits) + c.block_n * b_l1_bits) / 8
+        links = _Links(f.mte2_bytes_per_s(arch), max(1, c.num_l1_stages - 1) * stage,
+                       arch.hbm_bytes_per_s / active, arch.l2_bytes_per_s / active, f.gm_latency_s, f.copy_issue_s,
+                       hbm_frac_a, hbm_frac_b,
+                       f.same_address_factor(sharers_a), f.same_address_factor(sharers_b), f)
+    else:
+        inf = float("inf")
+        links = _Links(arch.gm_to_l1_bytes_per_cycle * clock, inf, inf, inf, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, f)
+    stream = links.stream_bytes_per_s
+
+    kinds = []  # (core cycles = slowest pipe, pipe cycles, GM bytes, count, copy overhead s, same-address s)
+    for tm, tn, count in ((c.block_m, c.block_n, (mb - 1) * (nb - 1)), (tail_m, c.block_n, nb - 1),
+                          (c.block_m, tail_n, mb - 1), (tail_m, tail_n, 1)):
+        if count:
+            pipes, gm, overhead, same, by_limit = _tile_costs(desc, c, arch, tm, tn, r.depth, a_resident, links)
+            kinds.append((max(pipes.values()), pipes, gm, count * r.count, overhead, same, by_limit))
+    kinds.sort(key=lambda kind: -kind[0])
+    l2_bytes = sum(kind[2] * kind[3] for kind in kinds)
+
+    # Waves over the AI cores. The busiest core runs ceil(tiles / P) tiles and is taken to draw the heaviest
+    # ones: exact when tails are few (the static round-robin order gives some core only full tiles), an upper
+    # bound otherwise. A wave costs the larger of that core's tile and the wave's L2 reads (P tiles like it;
+    # the tail wave has fewer tiles, so fewer bytes); pipes within a core overlap (double-buffered stages).
+    full_waves, tail = divmod(num_tiles, cores)
+    num_waves = full_waves + (1 if tail else 0)
+    wave_time = 0.0
+    compute_time = 0.0  # the same without MTE2: what waits for the first L1 stage when the loads keep up
+    pipe_s = dict.fromkeys(_PIPES, 0.0)
+    overhead_s = same_s = 0.0
+    mte2_by_limit: dict[str, float] = {}
+    taken = 0
+    for cycles, pipes, gm, count, overhead, same, by_limit in kinds:  # heaviest first, until the busiest core is full
+        take = min(count, num_waves - taken)
+        full = max(0, min(take, full_waves - taken))  # of them, tiles that run in full waves
+        for n_tiles, in_wave in ((full, cores), (take - full, tail)):
+            if n_tiles:
+                wave_bytes = in_wave * gm
+                wave_time += n_tiles * max(cycles / clock, wave_bytes / arch.l2_bytes_per_s)
+                others = max(v for key, v in pipes.items() if key != "mte2")
+                compute_time += n_tiles * max(others / clock, wave_bytes / arch.l2_bytes_per_s)
+        for key in _PIPES:
+            pipe_s[key] += take * pipes[key] / clock
+        overhead_s += take * overhead
+        same_s += take * same
+        for key, value in by_limit.items():
+            mte2_by_limit[key] = mte2_by_limit.get(key, 0.0) + take * value
+        taken += take
+        if taken == num_waves:
+            break
+    if a_resident:
+        # Stream path: row-major tiles, so an M-block's N tiles sit on min(P, N-blocks) consecutive cores, each
+        # of which loads that A panel (BLOCK_M x K and scales) once, between pipe barriers (not overlapped).
+        panel_rows = tail_m if mb == 1 else c.block_m
+        panel = panel_rows * (kpad * a_bytes + sf_row)
+        loads = r.count * mb * min(cores, nb)
+        loads_busiest = -(-loads // cores)
+        if f.enabled:
+            rows = kpad / 64 if desc.major_a == "mn" else panel_rows
+            panel_s, panel_overhead, panel_same, limit = _copy_s(links, panel, rows, links.hbm_frac_a, links.slow_a)
+            overhead_s += loads_busiest * panel_overhead
+            same_s += loads_busiest * panel_same
+            mte2_by_limit[limit] = mte2_by_limit.get(limit, 0.0) + loads_busiest * panel_s
+        else:
+            panel_s = panel / stream
+        wave_time += loads_busiest * max(panel_s, min(cores, loads) * panel / arch.l2_bytes_per_s)
+        compute_time += loads_busiest * max(panel_s, min(cores, loads) * panel / arch.l2_bytes_per_s)
+        pipe_s["mte2"] += loads_busiest * panel_s
+        l2_bytes += loads * panel
+
     # Fill: the first wave's first L1 stage (its distinct A and B blocks) from cold HBM, each core's stage
-    # through its MTE2, then its first L0 slices through MTE1. Drain: the last MAD tile through FixPipe and out.
-    active = min(cores, num_tiles)
+    # through its MTE2 (with the figures: two copies, each paying issue and memory latency), then its first L0
+    # slices through MTE1. Drain: the last MAD tile through FixPipe, out of UB and (with the figures) to GM.
     first_m = min(c.block_m, tail_m if mb == 1 else c.block_m)
     first_n = min(c.block_n, tail_n if nb == 1 else c.block_n)
     first_k = min(c.block_k, kpad)
@@ -281,21 +502,46 @@ def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec) -> GemmCost:
     row_bytes_a, row_bytes_b = first_k * a_bytes + sf_k, first_k * b_bytes + sf_k
     first_wave = m_blocks * first_m * row_bytes_a + n_blocks * first_n * row_bytes_b
     stage = first_m * row_bytes_a + first_n * row_bytes_b
-    fill_s = max(first_wave / arch.hbm_bytes_per_s, stage / (arch.gm_to_l1_bytes_per_cycle * clock))
+    if f.enabled:
+        # NOTES: the chip's HBM is the first_wave term; per core the first copies pay issue, latency and MTE2.
+        stage_s = sum(links.issue_s + links.latency_s * slow + nbytes * f.row_factor(row) / stream
+                      for nbytes, row, slow in ((first_m * row_bytes_a, row_bytes_a, links.slow_a),
+                                                (first_n * row_bytes_b, row_bytes_b, links.slow_b)))
+    else:
+        stage_s = stage / stream
+    fill_s = max(first_wave / arch.hbm_bytes_per_s, stage_s)
     a_l0_bits, b_l0_bits = cube_operand_bits(desc)
-    fill_s += (min(c.mad_m, first_m) * a_l0_bits + min(c.mad_n, first_n) * b_l0_bits) / 8 * min(c.mad_k, first_k) / (
+    l0_s = (min(c.mad_m, first_m) * a_l0_bits + min(c.mad_n, first_n) * b_l0_bits) / 8 * min(c.mad_k, first_k) / (
         arch.l1_to_l0_bytes_per_cycle * clock)
-    drain_s = min(c.mad_m, first_m) * min(c.mad_n, first_n) * (4 + out_bytes) / (arch.fixpipe_bytes_per_cycle * clock)
+    fill_s += l0_s
+    last_mad = min(c.mad_m, first_m) * min(c.mad_n, first_n)
+    if f.enabled:
+        # NOTES: the first stage's bytes are in the busiest core's MTE2 time already; when MTE2 binds only the
+        # first copy's issue and latency (and the first L0 slices) are exposed, otherwise the Cube waits for the
+        # whole first stage.
+        exposed = links.issue_s + links.latency_s * links.slow_a + l0_s
+        core_s = max(fill_s + compute_time, exposed + wave_time)
+        fill_s = max(fill_s + compute_time - wave_time, exposed)
+        fix_elems = min(f.fixpipe_elems_per_cycle, arch.fixpipe_bytes_per_cycle // out_bytes)
+        drain_s = last_mad / (fix_elems * clock) + links.issue_s + links.latency_s + last_mad * out_bytes / stream
+    else:
+        drain_s = last_mad * (4 + out_bytes) / (arch.fixpipe_bytes_per_cycle * clock)
+        core_s = fill_s + wave_time
 
     # NOTES: the fill's bytes are part of the HBM traffic, so an HBM-bound kernel does not pay for them twice.
-    time_s = max(fill_s + wave_time, l2_bytes / arch.l2_bytes_per_s, hbm_s) + drain_s + LAUNCH_S
+    # Rounded to 1e-15 s: float summation order must not make a bigger problem one ulp faster.
+    time_s = round(max(core_s, l2_bytes / arch.l2_bytes_per_s, hbm_s) + drain_s + LAUNCH_S, 15)
     parts = dict(pipe_s, l2=l2_bytes / arch.l2_bytes_per_s, hbm=hbm_s)
     bound = max(RESOURCES, key=lambda key: parts[key])
-    if fill_s + drain_s + LAUNCH_S > parts[bound]:
+    if bound == "mte2" and mte2_by_limit:
+        # MTE2 waiting on its share of HBM or L2, or on latency with too few bytes in flight: name that instead.
+        bound = max(mte2_by_limit, key=mte2_by_limit.__getitem__)
+    if fill_s + drain_s + LAUNCH_S > parts[max(RESOURCES, key=lambda key: parts[key])]:
         bound = "latency"
     return GemmCost(
         time_s=time_s, cube_s=parts["cube"], mte1_s=parts["mte1"], mte2_s=parts["mte2"],
         fixpipe_s=parts["fixpipe"], vector_s=parts["vector"], l2_s=parts["l2"], hbm_s=hbm_s,
         fill_s=fill_s + drain_s, launch_s=LAUNCH_S, bound=bound, num_tiles=num_tiles, num_waves=num_waves,
         l2_bytes=int(round(l2_bytes)), hbm_bytes=int(round(hbm_bytes)), flops=useful_flops(desc),
+        copy_overhead_s=overhead_s, same_address_s=same_s, active_cores=active,
     )
