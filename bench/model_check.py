@@ -220,8 +220,8 @@ def print_sensitivity(rows: list[CheckRow], table, step: float) -> None:
     print(f"{'figure':<28} {'kind':<9} {'largest move':>12}  per row")
     for figure, moves in table:
         worst = max(max(abs(lo), abs(hi)) for lo, hi in moves)
-        per_row = ", ".join(f"{label} {100 * lo:+.1f}/{100 * hi:+.1f}" for label, (lo, hi) in zip(labels, moves)
-                            if max(abs(lo), abs(hi)) >= 0.005)
+        per_row = ", ".join(f"{label} {100 * lo:+.1f}/{100 * hi:+.1f}"
+                            for label, (lo, hi) in zip(labels, moves, strict=True) if max(abs(lo), abs(hi)) >= 0.005)
         print(f"{figure.name:<28} {figure.kind:<9} {100 * worst:>11.1f}%  {per_row or '(every row < 0.5 %)'}")
         print(f"{'':<28} {'':<9} {'':>12}  source: {figure.source}")
 

@@ -15,8 +15,20 @@ double-buffered L0C and drains it through FixPipe. Every rate and size comes fro
 * MTE1 (L1 -> L0): the bytes of every L0 load at ``l1_to_l0_bytes_per_cycle`` plus the UE8M0 scale bytes at
   ``sf_l1_to_l0_bytes_per_cycle``; an A (B) slice is reloaded per N-MAD (M-MAD) only when it cannot stay in
   its two L0 slots, as the kernel does.
-* MTE2 (GM -> L1): the tile's operand and scale bytes at ``gm_to_l1_bytes_per_cycle`` per core.
-* FixPipe: the tile's fp32 accumulator (4 B per element out of L0C) at ``fixpipe_bytes_per_cycle``.
+* MTE2 (GM -> L1): the tile's copies, one A and one B block per BLOCK_K step and a chunk of scales per
+  ``sf_k_blocks`` steps. With ``MemoryFigures`` (the latency regime; each figure sourced from the shared reference
+  ascend_memory_latency.md, see the class) a copy costs its issue (``copy_issue_s``: 128 B copies on 64 AIVs at
+  0.34 TB/s) plus the slowest of: its bytes at the core's MTE2 rate (``mte2_bytes_per_s``: the 950's MTE2 theory
+  for 8192^3, 146.5 GB/s per core), slower for rows under 512 B (GM requests are 512 B; 128 B rows measured
+  1.35-1.57x slower); Little's law, the bytes the L1 ring lets the core have in flight over the loaded GM latency
+  (``gm_latency_s``: 8 KB ND2NZ copies on 32 AICs at 1.24 TB/s, one in flight), a latency that grows while other
+  cores queue on the same 512 B units (same order vs staggered, 370 vs 187 us for 32 readers, pro rata); and the
+  core's share of HBM and of L2 (chip bandwidth over the active cores) for the fractions of the bytes each level
+  serves. The in-order MTE2 adds these copy by copy, so a core that reads a cold B and a hot A does not overlap
+  them, and a few active cores cannot draw the chip's HBM. ``ROOFLINE_FIGURES`` turns this off: the tile's bytes
+  at ``gm_to_l1_bytes_per_cycle``.
+* FixPipe: the tile's output elements at 64 per cycle (bf16/fp16/fp8 out; 32 for fp32 out, capped by the
+  ArchSpec's ``fixpipe_bytes_per_cycle``); with the roofline figures the fp32 accumulator bytes at that rate.
 * Vector (fp8 x fp4 only): the AIVs decode B from FP4 to FP8 and copy it UB -> L1 (DeepGEMM-Ascend's rates,
   ``FP4_DECODE_BYTES_PER_CYCLE``, ``UB_TO_L1_BYTES_PER_CYCLE``; B then sits in L1/L0 as FP8).
 * Within a core these pipes overlap (every stage is double-buffered): a tile costs the slowest of them.
@@ -31,15 +43,19 @@ double-buffered L0C and drains it through FixPipe. Every rate and size comes fro
   part still cached). This is what binds small M: B's bytes over HBM bandwidth.
 * Stream path (expected_m <= 64): row-major tiles; A stays resident in L1 when its panel fits and a core
   reuses it (more N tiles than cores); each panel load sits between pipe barriers, so it is not overlapped.
-* Fill (before the first MAD): the first wave's distinct first-stage blocks from cold HBM (and each core's
-  stage through its MTE2), then the first L0 slices through MTE1. Drain (after the last MAD): the last MAD tile
-  through FixPipe and out of UB.
-* Launch: ``LAUNCH_S``, the one time constant that is not a hardware figure: starting a MIX kernel on every
-  AI core and the end-of-kernel synchronisation. One value for every shape, not fitted per row.
+* Fill (before the first MAD): the first wave's distinct first-stage blocks from cold HBM (and each core's first
+  copies: issue, memory latency and MTE2), then the first L0 slices through MTE1. When MTE2 binds, the first
+  stage's bytes are already in its busy time and only the first copy's issue and latency are exposed. Drain
+  (after the last MAD): the last MAD tile through FixPipe and (with the figures) its store's issue and latency.
+* Launch: ``LAUNCH_S``, the one time constant that is a judgement rather than a hardware figure: starting the
+  kernel on every AI core and the end-of-kernel synchronisation. One value for every shape, not fitted per row.
+* No separate "partial overlap" term: within a core the pipes overlap as far as the L1 ring lets MTE2 run ahead,
+  which is the Little's-law bound above; the published large-M rows at 91-99 % of peak show no further loss.
 
 Total: max(fill + sum over waves of max(tile, wave L2 reads), all L2 reads, all HBM bytes) + drain + launch,
-each over its bandwidth. ``bound`` names the resource with the largest busy time ("latency" when fill, drain and
-launch exceed it).
+each over its bandwidth. ``bound`` names the resource with the largest busy time; when that is MTE2, what its
+copies mostly waited on ("hbm" or "l2" share, "latency" with too few bytes in flight, or "mte2" itself); and
+"latency" when fill, drain and launch exceed it.
 """
 
 from __future__ import annotations
@@ -319,8 +335,8 @@ def _tile_costs(desc: GemmDesc, c: GemmConfig, arch: ArchSpec, tm: int, tn: int,
 
 def _mte2_s(desc: GemmDesc, c: GemmConfig, tm: int, tn: int, kpad: int, a_resident: bool,
             links: _Links) -> tuple[float, float, float, dict[str, float]]:
-    """(time, copy overhead, same-address loss, time by limit) of one tile's GM -> L1 copies: per BLOCK_K step an A block
-    (unless resident) and a B block, per ``sf_k_blocks`` steps a chunk of A and B scales (int16 pairs, MN-major:
+    """(time, copy overhead, same-address loss, time by limit) of one tile's GM -> L1 copies: per BLOCK_K step an
+    A block (unless resident) and a B block, per ``sf_k_blocks`` steps a chunk of A and B scales (int16 pairs, MN-major:
     one row of 2 * rows bytes per 64 K)."""
     a_bytes, b_bytes = DTYPE_BITS[desc.a_dtype] / 8, DTYPE_BITS[desc.b_dtype] / 8
     k_steps = -(-kpad // c.block_k)
@@ -412,10 +428,10 @@ def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec,
     b_reads = wave_slots * c.block_n * (kpad * b_bytes + sf_row)
     hbm_frac_a = min(1.0, r.count * a_region / a_reads)
     hbm_frac_b = min(1.0, r.count * b_hbm / b_reads)
-    if group_m > 1:
-        sharers_a, sharers_b = min(max(cores // group_m, 1), nb), min(group_m, mb)
-    else:
-        sharers_a, sharers_b = min(active, nb), min(mb, -(-active // nb))
+    sharers_a, sharers_b = min(active, nb), min(mb, -(-active // nb))
+    if group_m > 1:  # NOTES: the larger of both orders, so that the switch to the swizzle never speeds a bigger problem
+        sharers_a = max(sharers_a, min(max(cores // group_m, 1), nb))
+        sharers_b = max(sharers_b, min(group_m, mb))
     f = figures
     if f.enabled:
         a_l1_bits, b_l1_bits = cube_operand_bits(desc)
@@ -494,19 +510,20 @@ def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec,
     first_m = min(c.block_m, tail_m if mb == 1 else c.block_m)
     first_n = min(c.block_n, tail_n if nb == 1 else c.block_n)
     first_k = min(c.block_k, kpad)
-    if group_m > 1:  # super-rows: the first wave spans group_m M-blocks and active / group_m N-blocks
-        m_blocks, n_blocks = group_m, min(nb, -(-active // group_m))
-    else:  # row-major
-        m_blocks, n_blocks = min(mb, -(-active // nb)), min(nb, active)
     sf_k = first_k / 32 if desc.has_sf else 0.0
     row_bytes_a, row_bytes_b = first_k * a_bytes + sf_k, first_k * b_bytes + sf_k
-    first_wave = m_blocks * first_m * row_bytes_a + n_blocks * first_n * row_bytes_b
+    # Row-major: the first wave spans active / N-blocks M-blocks; super-rows: group_m M-blocks and active / group_m
+    # N-blocks. NOTES: with super-rows the larger of the two is charged, so that the switch to the swizzle at
+    # group_m M-blocks never makes a bigger problem faster.
+    first_wave = (min(mb, -(-active // nb)) * first_m * row_bytes_a + min(nb, active) * first_n * row_bytes_b)
+    if group_m > 1:
+        first_wave = max(first_wave, group_m * first_m * row_bytes_a
+                         + min(nb, -(-active // group_m)) * first_n * row_bytes_b)
     stage = first_m * row_bytes_a + first_n * row_bytes_b
     if f.enabled:
         # NOTES: the chip's HBM is the first_wave term; per core the first copies pay issue, latency and MTE2.
-        stage_s = sum(links.issue_s + links.latency_s * slow + nbytes * f.row_factor(row) / stream
-                      for nbytes, row, slow in ((first_m * row_bytes_a, row_bytes_a, links.slow_a),
-                                                (first_n * row_bytes_b, row_bytes_b, links.slow_b)))
+        stage_s = sum(links.issue_s + links.latency_s + nbytes * f.row_factor(row) / stream
+                      for nbytes, row in ((first_m * row_bytes_a, row_bytes_a), (first_n * row_bytes_b, row_bytes_b)))
     else:
         stage_s = stage / stream
     fill_s = max(first_wave / arch.hbm_bytes_per_s, stage_s)
@@ -519,7 +536,7 @@ def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec,
         # NOTES: the first stage's bytes are in the busiest core's MTE2 time already; when MTE2 binds only the
         # first copy's issue and latency (and the first L0 slices) are exposed, otherwise the Cube waits for the
         # whole first stage.
-        exposed = links.issue_s + links.latency_s * links.slow_a + l0_s
+        exposed = links.issue_s + links.latency_s + l0_s
         core_s = max(fill_s + compute_time, exposed + wave_time)
         fill_s = max(fill_s + compute_time - wave_time, exposed)
         fix_elems = min(f.fixpipe_elems_per_cycle, arch.fixpipe_bytes_per_cycle // out_bytes)
