@@ -126,6 +126,54 @@ def print_rows(rows: list[CheckRow], arch: str) -> None:
               f"{r.modelled_hbm_gbs:>8.0f} {pub}  {r.config}")
 
 
+# Public 950 measurements (shared reference ascend_memory_latency.md) ------------------------------------------
+
+# (what, M, N, K, cores of the measured box, measured figure, unit). The 8192^3 case: asc-devkit matmul_high_performance
+# README, a 950PR-class box with 32 cores (fp16; bf16 has the same Cube rate): 2558.2 us against a Cube bound of
+# 2542 us. The bandwidths: torch bf16 matmul on a 950PR, L2 evicted, wall clock minus a ~26 us floor; bytes =
+# (MK + NK + MN) x 2. The torch kernel is not DeepGEMM-style and its floor is an estimate, so these bound the
+# model's bandwidth regime loosely; the 950PR model has 28 cores, the "32-core box" variant the server tier's 32.
+PUBLIC_950: tuple[tuple[str, int, int, int, float, str], ...] = (
+    ("8192^3 fp16, fraction of the Cube bound", 8192, 8192, 8192, 2542.0 / 2558.2, "frac"),
+    ("torch bf16 M=1, K=N=16384", 1, 16384, 16384, 1.62e12, "B/s"),
+    ("torch bf16 M=128, K=N=16384", 128, 16384, 16384, 1.51e12, "B/s"),
+    ("torch bf16 M=128, K=N=8192", 128, 8192, 8192, 1.39e12, "B/s"),
+    ("torch bf16 M=128, K=N=4096", 128, 4096, 4096, 0.84e12, "B/s"),
+)
+
+
+def check_public_950() -> list[tuple[str, float, float, float, str]]:
+    """(what, measured, modelled on the 28-core 950PR, modelled on a 32-core 950PR box, unit) per public figure.
+    Bandwidths are modelled kernel times (launch included); the fraction is the Cube bound over the time."""
+    from deep_gemm.heuristics import GemmDesc, get_arch
+    from deep_gemm.heuristics.arch import MiB
+    from deep_gemm.heuristics.select import get_best_config_and_cost
+
+    pr = get_arch("950PR")
+    box = dataclasses.replace(pr, name="950PR-32", num_ai_cores=32, l2_bytes=128 * MiB)
+    out = []
+    for what, m, n, k, measured, unit in PUBLIC_950:
+        modelled = []
+        for arch in (pr, box):
+            desc = GemmDesc(m, n, k, "bf16", "bf16", num_ai_cores=arch.num_ai_cores)
+            _, cost = get_best_config_and_cost(desc, arch)
+            if unit == "frac":
+                modelled.append(cost.flops / arch.peak_flops("bf16") / cost.time_s)
+            else:
+                modelled.append((m * k + n * k + m * n) * 2 / cost.time_s)
+        out.append((what, measured, modelled[0], modelled[1], unit))
+    return out
+
+
+def print_public_950(rows) -> None:
+    print("\nPublic 950 measurements (ascend_memory_latency.md) vs the modelled 950PR (28 cores) and a 32-core box")
+    print(f"{'measurement':<42} {'measured':>9} {'950PR 28c':>10} {'32c box':>9}")
+    for what, measured, pr, box, unit in rows:
+        scale, fmt = (100, "{:>8.1f}%") if unit == "frac" else (1e-12, "{:>5.2f}TB/s")
+        cells = " ".join(fmt.format(v * scale) for v in (measured, pr, box))
+        print(f"{what:<42} {cells}")
+
+
 # Sensitivity ---------------------------------------------------------------------------------------------------
 
 
@@ -292,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = median <= MAX_MEDIAN_ERROR and worst <= MAX_ROW_ERROR
     print(f"median |error| {100 * median:.2f} % (bar {100 * MAX_MEDIAN_ERROR:.0f} %), "
           f"max |error| {100 * worst:.2f} % (bar {100 * MAX_ROW_ERROR:.0f} %): {'PASS' if ok else 'FAIL'}")
+    print_public_950(check_public_950())
     if args.plot:
         print(f"wrote {write_plot(rows, args.plot, args.arch)}")
     if args.sensitivity:
