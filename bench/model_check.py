@@ -3,12 +3,12 @@
 Prints each published row beside the modelled time, the error, the model's terms (what binds, Cube / MTE2 / L2 /
 HBM / fill / launch time of the chosen config, the copy overhead) and the modelled achieved HBM bandwidth, then the
 median and the largest absolute error; exits non-zero when the model misses the bar (median <= 3 %, every row
-<= 10 %). Writes a plot (``--plot``, default model_check.png) of modelled against published time, and of the
+<= 10 %). Writes a plot (``--plot``, default sweep_out/model_check.png) of modelled against published time, and of the
 modelled achieved HBM bandwidth against M for the DeepSeek (N, K) pairs. ``--sensitivity`` moves each figure the
 model rests on by -20 % and +20 % (re-choosing configs, as the heuristic would) and prints how far each row moves.
 The published numbers are copied here as data; nothing outside the package is read at run time.
 
-    python bench/model_check.py [--arch 950DT] [--plot model_check.png] [--sensitivity]
+    python bench/model_check.py [--arch 950DT] [--plot sweep_out/model_check.png] [--sensitivity]
 """
 
 from __future__ import annotations
@@ -323,6 +323,7 @@ def write_plot(rows: list[CheckRow], path: str | Path, arch_name: str) -> Path:
     ax_bw.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
@@ -331,7 +332,7 @@ def write_plot(rows: list[CheckRow], path: str | Path, arch_name: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default=ARCH, help="modelled NPU (the published rows are 950DT)")
-    parser.add_argument("--plot", default="model_check.png", help="where to write the plot ('' for none)")
+    parser.add_argument("--plot", default="sweep_out/model_check.png", help="where to write the plot ('' for none)")
     parser.add_argument("--sensitivity", action="store_true", help="scale each figure by -+20 %% and show the moves")
     args = parser.parse_args(argv)
     rows = check(args.arch)
