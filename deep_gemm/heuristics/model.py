@@ -120,8 +120,8 @@ class MemoryFigures:
     # GM requests are served in 512 B units (asc-devkit guide, "avoid same-address access"). [S]
     gm_request_bytes: int = 512
     # 32 AICs reading the same 8 MB in the same order: 370 us, staggered: 187 us (950). Readers of the same
-    # 512 B unit are served one after another, so a copy that all P cores read at once is streamed this many
-    # times slower; fewer readers lose proportionally less ((s - 1) / (P - 1) of it). [M]
+    # 512 B unit are served one after another, so while all 32 read the same blocks each waits this many times
+    # the latency; fewer readers wait proportionally less ((s - 1) / 31 of the extra). [M]
     same_address_slowdown: float = 370.0 / 187.0
     same_address_cores: int = 32
     # Rows of 128 B into L1 fill a quarter of a 512 B line; 512 B rows ran 1.35-1.57x faster (mxfp4 matmul on a
@@ -154,7 +154,7 @@ class MemoryFigures:
         return 1.0 + (self.short_row_slowdown - 1.0) * requests_per_byte / (self.gm_request_bytes / 128 - 1.0)
 
     def same_address_factor(self, sharers: int) -> float:
-        """How much slower a copy streams when ``sharers`` cores read the same blocks at once (1.0 alone)."""
+        """How much longer a copy's latency is when ``sharers`` cores read the same blocks at once (1.0 alone)."""
         if sharers <= 1:
             return 1.0
         span = max(1, self.same_address_cores - 1)
@@ -203,7 +203,8 @@ class GemmCost:
 
 @dataclass(frozen=True)
 class _Links:
-    """GM -> L1 conditions of one core under a schedule: one in-order MTE2 with a copy in flight at a time."""
+    """GM -> L1 conditions of one core under a schedule: its in-order MTE2, the bytes its L1 ring lets it have in
+    flight, its shares of HBM and L2, and where its A and B bytes come from."""
 
     stream_bytes_per_s: float  # the MTE2 rate of one core
     inflight_bytes: float  # bytes the L1 ring lets the MTE2 request ahead of the Cube
