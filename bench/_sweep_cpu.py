@@ -29,32 +29,10 @@ _CHUNK_ELEMS = 1 << 23
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# This machine: ceiling, bandwidth, free memory
+# This machine: free memory
 # ---------------------------------------------------------------------------------------------------------------
 
-def measure_cpu_ceiling(sizes: Iterable[int] = (1024, 2048, 3072, 4096), repeats: int = 3) -> dict:
-    """Best fp32 GFLOP/s numpy (its BLAS, all threads) reaches on square ``a @ b.T`` of these sizes.
-
-    Returns {"peak_gflops": best, "per_size": {size: best GFLOP/s}}."""
-    rng = np.random.default_rng(0)
-    per_size: dict[int, float] = {}
-    for size in sizes:
-        a = rng.random((size, size), dtype=np.float32)
-        b = rng.random((size, size), dtype=np.float32)
-        out = np.empty((size, size), np.float32)
-        np.matmul(a, b.T, out=out)  # warm-up: BLAS threads, page faults
-        best = min(_timed(lambda a=a, b=b, out=out: np.matmul(a, b.T, out=out)) for _ in range(repeats))
-        per_size[size] = 2 * size**3 / best / 1e9
-    return {"peak_gflops": max(per_size.values()), "per_size": per_size}
-
-
-def measure_cpu_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> dict:
-    """Best copy bandwidth of one large numpy copy (np.copyto), counted as bytes read + bytes written, in GB/s."""
-    src = np.ones(nbytes // 4, np.float32)
-    dst = np.zeros_like(src)
-    np.copyto(dst, src)
-    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(repeats))
-    return {"bandwidth_gbs": 2 * src.nbytes / best / 1e9, "copy_bytes": src.nbytes}
+# NOTES: the ceiling, FMA peak and bandwidth are measured by _sweep_ceiling (shared with the Dask workers).
 
 
 def mem_available_bytes() -> int:
@@ -149,6 +127,12 @@ def random_fp8(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarr
         codes[r0:r0 + x.shape[0]] = c
         sf[r0:r0 + x.shape[0]] = s
     return codes, sf
+
+
+def shape_rng(seed: int, dtype: str, m: int, n: int, k: int) -> np.random.Generator:
+    """The operand RNG of one shape: seeded by (seed, dtype, m, n, k), so a shape gets the same operands whatever
+    ran before it, in one process or on any Dask worker, fresh or resumed."""
+    return np.random.default_rng([seed, ("bf16", "fp8").index(dtype), m, n, k])
 
 
 def make_case(dtype: str, m: int, n: int, k: int, rng: np.random.Generator) -> GemmCase:
@@ -262,13 +246,8 @@ class DeepGemmRunner:
         except (ImportError, AttributeError) as e:
             return {"kernels": 0, "seconds": 0.0, "error": f"no deep_gemm.testing.par_compile ({e}); warm-up compiles"}
         unique: dict[tuple, tuple[str, int, int, int]] = {}
-        for dtype, m, n, k in tasks:
-            try:
-                config = self.config(dtype, m, n, k)
-            except Exception:  # noqa: BLE001 (the warm-up call will report the real error for this shape)
-                config = None
-            key = (dtype, n, k, repr(config)) if config is not None else (dtype, m, n, k)
-            unique.setdefault(key, (dtype, m, n, k))
+        for task in tasks:
+            unique.setdefault(kernel_key(self, *task), task)
         callables = [functools.partial(_dry_run_one, dtype, m, n, k, self.arch, self.num_ai_cores)
                      for dtype, m, n, k in unique.values()]
         start = time.perf_counter()
@@ -278,6 +257,27 @@ class DeepGemmRunner:
         except Exception as e:  # noqa: BLE001 (each shape's warm-up call compiles and records its own error)
             error = f"{type(e).__name__}: {e}"
         return {"kernels": len(callables), "seconds": time.perf_counter() - start, "error": error}
+
+
+    def build(self, dtype: str, m: int, n: int, k: int) -> float:
+        """Build (or load from the disk cache) the kernel a shape needs, in this process, launching nothing;
+        returns the seconds it took. A Dask worker calls this before it takes the machine for timing."""
+        import deep_gemm
+
+        start = time.perf_counter()
+        with deep_gemm.dry_run():
+            _dry_run_one(dtype, m, n, k, self.arch, self.num_ai_cores)
+        return time.perf_counter() - start
+
+
+def kernel_key(runner, dtype: str, m: int, n: int, k: int) -> tuple:
+    """What identifies a shape's kernel: (dtype, n, k, config) under compiled_dims="nk" (M is a runtime argument),
+    or the whole shape when the runner has no config for it. Shapes with one key share one compiled kernel."""
+    try:
+        config = runner.config(dtype, m, n, k)
+    except Exception:  # noqa: BLE001 (the shape's own run reports the real error)
+        config = None
+    return (dtype, n, k, repr(config)) if config is not None else (dtype, m, n, k)
 
 
 def _dry_run_one(dtype: str, m: int, n: int, k: int, arch: str | None, num_ai_cores: int | None) -> None:
@@ -300,11 +300,17 @@ class NumpyRunner:
     None. Not a benchmark of anything."""
 
     name = "numpy"
+    compile_s = 0.0  # planning: nothing to compile
 
-    def __init__(self, arch: str = "950DT", num_ai_cores: int = 32, fail_on: Iterable[tuple] = ()) -> None:
+    def __init__(self, arch: str = "950DT", num_ai_cores: int = 32, fail_on: Iterable[tuple] = (),
+                 die_once_on: tuple | None = None, die_marker: str | None = None) -> None:
         self.arch = arch
         self.num_ai_cores = num_ai_cores
         self.fail_on = set(fail_on)  # (dtype, m, n, k) shapes whose run raises, to exercise error rows
+        # (dtype, m, n, k) whose first run kills its own process (SIGKILL), once per existing-free `die_marker`
+        # file: a worker dying mid-shape, for the Dask backend's tests.
+        self.die_once_on = tuple(die_once_on) if die_once_on is not None else None
+        self.die_marker = die_marker
         self.calls: list[tuple[str, int, int, int]] = []
 
     def check_available(self) -> None:
@@ -319,6 +325,17 @@ class NumpyRunner:
     def run(self, case: GemmCase) -> None:
         shape = (case.dtype, case.m, case.n, case.k)
         self.calls.append(shape)
+        if shape == self.die_once_on and self.die_marker is not None:
+            try:
+                fd = os.open(self.die_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.write(fd, f"{os.getpid()}\n".encode())
+                os.close(fd)
+                import signal
+
+                os.kill(os.getpid(), signal.SIGKILL)
         if shape in self.fail_on:
             raise RuntimeError(f"injected failure for {shape}")
         case.d[...] = baseline_product(case).astype(BF16)
@@ -328,6 +345,9 @@ class NumpyRunner:
 
     def precompile(self, tasks: list) -> dict:
         return {"kernels": 0, "seconds": 0.0, "error": None}
+
+    def build(self, dtype: str, m: int, n: int, k: int) -> float:
+        return 0.0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -344,15 +364,29 @@ def _timed(fn: Callable[[], object]) -> float:
 class Timing:
     time_s: float  # median of the timed runs of the stand-in
     baseline_time_s: float  # median of the baseline's
-    repeats: int
+    repeats: int  # timed runs per side
     config: object
     calc_diff: float
+    spread: float | None = None  # max over both sides of (max - min) / median of the timed runs; None for 1 run
+    stopped_by: str = ""  # "spread", "budget" or "max_repeats": why the repeats stopped
 
 
-def time_shape(runner, case: GemmCase, *, min_repeats: int = 3, max_repeats: int = 10,
-               target_s: float = 0.5) -> Timing:
+def relative_spread(times: list[float]) -> float | None:
+    """(max - min) / median of the timed runs, None for fewer than two."""
+    if len(times) < 2:
+        return None
+    return (max(times) - min(times)) / statistics.median(times)
+
+
+def time_shape(runner, case: GemmCase, *, min_repeats: int = 2, max_repeats: int = 10, target_s: float = 0.5,
+               spread_tol: float = 0.05) -> Timing:
     """Warm both sides once (untimed: loads or compiles the kernel, faults pages in), then time stand-in and
-    baseline alternately, n times each, n = target_s / warm-up time clamped to [min_repeats, max_repeats].
+    baseline alternately, one pair at a time, until after at least ``min_repeats`` pairs either the spread of both
+    sides is within ``spread_tol`` (run-to-run: (max - min) / median) or each side has had ``target_s`` seconds of
+    timed work, and never more than ``max_repeats`` pairs.
+
+    NOTES: a long shape stops at ``min_repeats`` (its budget is spent by then), a quiet short one as soon as its
+    runs agree; a noisy short one repeats up to ``max_repeats``. The reported times stay medians.
 
     The baseline's timed work includes its decode and the cast of its product to bf16 (what a user's code pays);
     calc_diff compares the stand-in's D with the baseline's fp32 product."""
@@ -367,14 +401,61 @@ def time_shape(runner, case: GemmCase, *, min_repeats: int = 3, max_repeats: int
         product.astype(BF16)
         held.append(product)
 
-    start = time.perf_counter()
     config = stand_in()
-    warm = time.perf_counter() - start
-    warm = max(warm, _timed(baseline))
-    repeats = min(max_repeats, max(min_repeats, math.ceil(target_s / max(warm, 1e-9))))
+    baseline()
     ours, theirs = [], []
-    for _ in range(repeats):
+    stopped_by = "max_repeats"
+    while len(ours) < max_repeats:
         ours.append(_timed(stand_in))
         theirs.append(_timed(baseline))
+        if len(ours) < min_repeats:
+            continue
+        spreads = (relative_spread(ours), relative_spread(theirs))
+        if all(s is not None and s <= spread_tol for s in spreads):
+            stopped_by = "spread"
+            break
+        if min(sum(ours), sum(theirs)) >= target_s:
+            stopped_by = "budget"
+            break
     diff = calc_diff(case.d, held[0])
-    return Timing(statistics.median(ours), statistics.median(theirs), repeats, config, diff)
+    spreads = [s for s in (relative_spread(ours), relative_spread(theirs)) if s is not None]
+    return Timing(statistics.median(ours), statistics.median(theirs), len(ours), config, diff,
+                  max(spreads) if spreads else None, stopped_by)
+
+
+def run_shape(row: dict, runner, rng: np.random.Generator, *, min_repeats: int, max_repeats: int, target_s: float,
+              spread_tol: float, mem_budget_bytes: float | None, mem_available: Callable[[], int],
+              make_case_fn: Callable = None, time_fn: Callable = None, mem_fraction: float = 0.85) -> dict:
+    """Fill one CPU row (new_row's roofline columns already set): skipped if the shape needs more than
+    ``mem_fraction`` of MemAvailable (or ``mem_budget_bytes``), else timed; any error is recorded in the row.
+    Used by the single-process sweep and by each Dask worker."""
+    from _sweep_csv import config_to_str, describe_error, set_performance
+
+    make_case_fn = make_case_fn or make_case
+    time_fn = time_fn or time_shape
+    dtype, m, n, k = row["dtype"], row["m"], row["n"], row["k"]
+    need = shape_memory_bytes(dtype, m, n, k)
+    avail = mem_available()
+    budget = mem_fraction * avail
+    if mem_budget_bytes is not None:
+        budget = min(budget, mem_budget_bytes)
+    if need > budget:
+        row.update(status="skipped", error=f"needs {need / 2**30:.2f} GiB > budget {budget / 2**30:.2f} GiB "
+                                            f"(MemAvailable {avail / 2**30:.2f} GiB)")
+        return row
+    case = None
+    try:
+        case = make_case_fn(dtype, m, n, k, rng)
+        timing = time_fn(runner, case, min_repeats=min_repeats, max_repeats=max_repeats, target_s=target_s,
+                         spread_tol=spread_tol)
+        set_performance(row, timing.time_s, timing.baseline_time_s)
+        config = timing.config if timing.config is not None else runner.config(dtype, m, n, k)
+        row.update(calc_diff=timing.calc_diff, repeats=timing.repeats, spread=timing.spread,
+                   config=config_to_str(config))
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # noqa: BLE001 (recorded in the row; the sweep goes on)
+        row.update(status="failed", error=describe_error(e))
+    finally:
+        del case
+    return row

@@ -18,13 +18,13 @@ COLUMNS: tuple[str, ...] = (
     "flops", "bytes", "intensity", "peak_gflops", "bandwidth_gbs", "ridge", "compute_bound",
     "time_us", "gflops", "frac_peak", "frac_attainable", "bound",
     "baseline_time_us", "baseline_gflops", "baseline_frac_peak", "speedup", "calc_diff", "repeats",
-    "config",
+    "config", "spread", "over_peak", "host", "cpu_model",
 )
 STATUSES = ("ok", "skipped", "failed")
-INT_COLUMNS = ("m", "n", "k", "num_ai_cores", "flops", "bytes", "compute_bound", "repeats")
+INT_COLUMNS = ("m", "n", "k", "num_ai_cores", "flops", "bytes", "compute_bound", "repeats", "over_peak")
 FLOAT_COLUMNS = (
     "intensity", "peak_gflops", "bandwidth_gbs", "ridge", "time_us", "gflops", "frac_peak", "frac_attainable",
-    "baseline_time_us", "baseline_gflops", "baseline_frac_peak", "speedup", "calc_diff",
+    "baseline_time_us", "baseline_gflops", "baseline_frac_peak", "speedup", "calc_diff", "spread",
 )
 
 Key = tuple[str, str, int, int, int]
@@ -212,12 +212,12 @@ def new_row(mode: str, dtype: str, m: int, n: int, k: int, *, arch: str, num_ai_
 
 
 def set_performance(row: dict, time_s: float, baseline_time_s: float | None = None) -> dict:
-    """Fill time_us, gflops, frac_peak, frac_attainable (and the baseline's columns and speedup) from times."""
+    """Fill time_us, gflops, frac_peak, frac_attainable, over_peak (and the baseline's columns and speedup)."""
     peak = row["peak_gflops"] * 1e9
     attainable = min(peak, row["intensity"] * row["bandwidth_gbs"] * 1e9)
     flops_s = row["flops"] / time_s
     row.update(time_us=time_s * 1e6, gflops=flops_s / 1e9, frac_peak=flops_s / peak,
-               frac_attainable=flops_s / attainable)
+               frac_attainable=flops_s / attainable, over_peak=int(flops_s > peak))
     if baseline_time_s is not None:
         base_flops_s = row["flops"] / baseline_time_s
         row.update(baseline_time_us=baseline_time_s * 1e6, baseline_gflops=base_flops_s / 1e9,

@@ -81,6 +81,11 @@ def summarize_group(rows: list[dict]) -> dict:
     # NOTES: a fraction above 1 means the peak was measured while the machine was busier (a shared CPU); on the
     # modelled chip it would be a model bug. Either way the summary says so rather than hiding it.
     out["over_peak"] = sum(f > 1.0 for f in fracs)
+    repeats = [r["repeats"] for r in ok if r.get("repeats")]
+    spreads = [r["spread"] for r in ok if r.get("spread") is not None]
+    if repeats:
+        out["spread"] = {"median_repeats": _median(repeats), "max_repeats": max(repeats),
+                         "median_spread": _median(spreads), "max_spread": max(spreads) if spreads else None}
     speedups = [r["speedup"] for r in ok if r["speedup"] is not None]
     if speedups:
         diffs = [r["calc_diff"] for r in ok if r["calc_diff"] is not None]
@@ -132,6 +137,20 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _machine_figures(m: dict) -> str:
+    """One machine's roofline figures: ceiling (and how measured), FMA peak, bandwidth."""
+    text = f"ceiling {_fmt(m.get('peak_gflops'), '.1f')} GFLOP/s"
+    if m.get("ceiling_samples"):
+        loads = ", ".join("-" if x is None else f"{x:.2f}" for x in m.get("ceiling_loads", []))
+        text += (f" (best of numpy samples {', '.join(f'{x:.1f}' for x in m['ceiling_samples'])}; 1-min load "
+                 f"before each {loads}, threshold {_fmt(m.get('ceiling_load_threshold'), '.2f')})")
+    elif m.get("ceiling_sizes") == "given":
+        text += " (given)"
+    if m.get("fma_peak_gflops"):
+        text += f", FMA peak {m['fma_peak_gflops']:.1f} GFLOP/s (independent FMAs, all threads)"
+    return text + f", bandwidth {_fmt(m.get('bandwidth_gbs'), '.1f')} GB/s"
+
+
 def format_summary(summary: dict) -> str:
     """The printed summary: definitions, machines, then per (mode, dtype) the study's numbers."""
     lines = ["", "=== deep_gemm sweep summary ==="]
@@ -140,22 +159,47 @@ def format_summary(summary: dict) -> str:
         lines.append(f"  {key}: {DEFINITIONS[key]}")
     machine = summary.get("machine", {})
     cpu = machine.get("cpu")
-    if cpu:
+    if cpu and cpu.get("backend") == "dask":
+        lines.append(f"CPU: Dask cluster {cpu.get('scheduler')} ({cpu.get('workers_at_start')} workers at start, "
+                     f"{cpu.get('kernel_groups')} kernel groups); each row normalised by the ceiling of the worker "
+                     f"that timed it; stand-in kernels built for {cpu.get('target')}")
+        for name, w in sorted(cpu.get("workers", {}).items()):
+            lines.append(f"  worker {name} on {w.get('host')} ({w.get('cpu_model')}, {w.get('cpu_count')} CPUs): "
+                         + _machine_figures(w) + f"; {w['shapes']} shapes, {w['gflop']:.1f} GFLOP in "
+                         f"{w['seconds']:.1f} s ({w['compile_s']:.1f} s compiling); kernel cache {w.get('jit_cache')}")
+    elif cpu:
         sizes = cpu.get("ceiling_sizes")
         how = "given" if sizes == "given" else f"numpy fp32 a @ b.T, best over squares {sizes}"
         if cpu.get("peak_gflops_end") is not None:
             how += f"; {cpu['peak_gflops_end']:.1f} when measured again at the end"
         lines.append(
-            f"CPU (this machine): ceiling {_fmt(cpu.get('peak_gflops'), '.1f')} GFLOP/s ({how}), bandwidth "
+            f"CPU (this machine{', ' + cpu['host'] if cpu.get('host') else ''}"
+            f"{', ' + cpu['cpu_model'] if cpu.get('cpu_model') else ''}): ceiling "
+            f"{_fmt(cpu.get('peak_gflops'), '.1f')} GFLOP/s ({how}), bandwidth "
             f"{_fmt(cpu.get('bandwidth_gbs'), '.1f')} GB/s (numpy copy), ridge {_fmt(cpu.get('ridge'), '.1f')} "
             f"FLOP/B; stand-in kernels built for {cpu.get('target')}"
         )
+        if cpu.get("fma_peak_gflops") or cpu.get("ceiling_samples"):
+            lines.append("  " + _machine_figures(cpu))
     for chip in machine.get("chip", []):
         lines.append(
             f"{chip['arch']} (MODELLED, {chip['num_ai_cores']} AI cores), {chip['dtype']}: peak "
             f"{chip['peak_flops'] / 1e12:.1f} TFLOPS, HBM {chip['bandwidth_bytes_s'] / 1e12:.2f} TB/s, "
             f"ridge {chip['ridge']:.1f} FLOP/B"
         )
+    run = summary.get("run", {})
+    plan = run.get("plan")
+    if plan:
+        lines.append(f"BUDGET: --budget-hours {plan['budget_hours']} on {plan['machines']} machine(s) planned "
+                     f"{plan['planned']} of the {plan['selected']} pending (dtype, shape) runs, a stratified subset "
+                     f"({plan['strata_covered']} of {plan['strata']} strata, {plan['kernels']} kernels, estimated "
+                     f"{plan['estimated_s'] / 3600:.2f} machine-hours; rates from {plan['rates_from']})")
+    ran = run.get("shapes_run")
+    if ran is not None and "cpu" in run.get("modes", ["cpu"]):
+        listed = ", ".join(f"{d} {m}x{n}x{k}" for d, m, n, k in ran)
+        lines.append(f"CPU shapes run this time ({len(ran)}, {run.get('backend', 'single process')}): "
+                     + (listed if len(ran) <= 60 else "listed in summary.json run.shapes_run")
+                     if ran else "CPU shapes run this time: none")
     for name, g in summary["groups"].items():
         mode, dtype = name.split("/")
         unit, scale = ("TFLOPS", 1e-3) if mode == "model" else ("GFLOP/s", 1.0)
@@ -183,8 +227,13 @@ def format_summary(summary: dict) -> str:
                          f"faster on {b['faster_than_baseline']}/{a['count']}")
             lines.append(f"  calc_diff vs baseline: max {_fmt(b['max_calc_diff'], '.2e')} "
                          f"(tolerance {b['calc_diff_tolerance']}, {b['over_tolerance']} over)")
+        spreads = g.get("spread")
+        if spreads:
+            lines.append(f"  repeats per side: median {_fmt(spreads['median_repeats'], '.0f')}, max "
+                         f"{_fmt(spreads['max_repeats'], '.0f')}; run-to-run spread median "
+                         f"{_fmt(spreads['median_spread'], '.3f')}, max {_fmt(spreads['max_spread'], '.3f')}")
         if g.get("over_peak"):
-            lines.append(f"  WARNING: {g['over_peak']} shapes above the peak: "
+            lines.append(f"  WARNING: {g['over_peak']} shapes above the peak (over_peak=1 in their rows): "
                          + ("the CPU ceiling was measured while the machine was busier; rerun on a quiet machine or "
                             "pass --ceiling-gflops" if mode == "cpu" else "the model predicts more than the peak"))
         for error, count in g.get("top_errors", {}).items():

@@ -5,6 +5,8 @@ FP8 operands; writes DIR/results.csv row by row, DIR/summary.json and PNG plots,
     python bench/sweep.py --mode model --dtype both          # 2,110 predictions for the 950DT, in seconds
     python bench/sweep.py --mode both --quick                 # the 11-shape stratified subset, both modes
     python bench/sweep.py --mode cpu --out sweep_out --resume # continue an interrupted CPU sweep
+    python bench/sweep.py --mode cpu --scheduler tcp://HOST:8786  # on a Dask cluster (the "distributed" extra)
+    python bench/sweep.py --mode cpu --budget-hours 2         # a stratified subset planned to fit 2 hours
 
 Numbers from ``mode=cpu`` are measured on this machine; numbers from ``mode=model`` are predictions for the chip.
 
@@ -19,7 +21,8 @@ results.csv schema (one row per (mode, dtype, m, n, k); the same columns for eve
     flops             2MNK
     bytes             compulsory traffic: A + B at their dtype (+ fp8 scales) + D in bf16
     intensity         flops / bytes [FLOP/B]
-    peak_gflops       the machine's peak: cpu = measured numpy fp32 ceiling; model = Cube peak for dtype [GFLOP/s]
+    peak_gflops       the machine's peak: cpu = the numpy fp32 ceiling of the machine (Dask: of the worker) that
+                      timed the row, best of several samples (or --ceiling-gflops); model = Cube peak [GFLOP/s]
     bandwidth_gbs     cpu = measured copy bandwidth; model = the arch's HBM bandwidth [GB/s]
     ridge             peak / bandwidth [FLOP/B]
     compute_bound     1 if intensity > ridge, else 0
@@ -33,19 +36,27 @@ results.csv schema (one row per (mode, dtype, m, n, k); the same columns for eve
     baseline_frac_peak  cpu: baseline_gflops / peak_gflops
     speedup           cpu: baseline_time_us / time_us (> 1: the stand-in is faster)
     calc_diff         cpu: 1 - 2 sum(xy) / sum(x^2 + y^2) of the stand-in's D against the baseline's fp32 product
-    repeats           cpu: timed runs per side (after one untimed warm-up each)
+    repeats           cpu: timed runs per side (after one untimed warm-up each); stops once the spread is within
+                      --spread-tol or each side had --target-seconds, between --repeats and --max-repeats
     config            the kernel config, "field=value ..." (GemmConfig fields)
+    spread            cpu: run-to-run spread, (max - min) / median of the timed runs, the larger of the two sides;
+                      empty for a single run
+    over_peak         1 if frac_peak > 1 (faster than the ceiling: the ceiling was measured busier), else 0
+    host              cpu: host name of the machine that timed the row
+    cpu_model         cpu: its CPU model name (/proc/cpuinfo)
 
 Resume: ``--resume`` appends to DIR/results.csv and skips keys whose last row is ok or skipped; failed rows are
 retried, and the newest row of a key is the one that counts. Without it an existing results.csv is moved to
 results.csv.bak. Ctrl-C keeps every finished row (each is written whole and fsynced) and still writes the summary.
 A failed write (a full disk) leaves results.csv ending with the last finished row, prints where the sweep stopped
-and the summary of the rows so far, and exits with status 1; bad arguments and paths are one-line errors.
+and the summary of the rows so far, and exits with status 1; bad arguments and paths are one-line errors. Rows are
+the same whichever backend wrote them, so a sweep started on one machine can be resumed on a cluster and back.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -58,13 +69,11 @@ import shapes as shapes_mod  # noqa: E402
 from _sweep_csv import (  # noqa: E402
     ResultsWriteError,
     ResultsWriter,
-    config_to_str,
     describe_error,
     done_keys,
     new_row,
     read_results,
     row_key,
-    set_performance,
 )
 from _sweep_report import format_summary, summarize, write_plots, write_summary  # noqa: E402
 
@@ -97,10 +106,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="append to DIR/results.csv, skipping finished rows")
     p.add_argument("--arch", default=None, help="modelled NPU / kernel target: 950DT (default), 950PR, 910B2")
     p.add_argument("--num-ai-cores", type=int, default=None, help="logical AI cores (default: all of the arch's)")
-    p.add_argument("--repeats", type=int, default=3, help="cpu: minimum timed runs per side (default 3)")
+    p.add_argument("--repeats", type=int, default=2, help="cpu: minimum timed runs per side (default 2)")
     p.add_argument("--max-repeats", type=int, default=10, help="cpu: maximum timed runs per side (default 10)")
     p.add_argument("--target-seconds", type=float, default=0.5,
-                   help="cpu: aim for this much timed work per side and shape, within the repeat bounds")
+                   help="cpu: time budget per side and shape: stop repeating once each side had this much timed work")
+    p.add_argument("--spread-tol", type=float, default=0.05,
+                   help="cpu: stop repeating once (max - min) / median of both sides' runs is within this "
+                        "(default 0.05)")
+    p.add_argument("--budget-hours", type=float, default=None, metavar="H",
+                   help="cpu: run a stratified subset of the selection planned to fit H hours (estimated from "
+                        "measured rows in --out when resuming, else from default rates)")
     p.add_argument("--seed", type=int, default=0, help="cpu: operand RNG seed")
     p.add_argument("--max-mem-gb", type=float, default=None,
                    help=f"cpu: memory budget per shape in GiB (default {MEM_FRACTION * 100:.0f}%% of MemAvailable, "
@@ -109,6 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-precompile", action="store_true", help="cpu: compile in each shape's untimed warm-up")
     p.add_argument("--ceiling-gflops", type=float, default=None, help="cpu: use this ceiling instead of measuring")
     p.add_argument("--bandwidth-gbs", type=float, default=None, help="cpu: use this bandwidth instead of measuring")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="cpu: run the shapes on this Dask scheduler (tcp://HOST:8786); workers need --resources "
+                        "timing=1 (the distributed extra)")
+    p.add_argument("--local-cluster", type=int, default=None, metavar="N",
+                   help="cpu: start a local Dask cluster of N worker processes and run the shapes there")
+    p.add_argument("--worker-cache-dir", type=Path, default=None, metavar="DIR",
+                   help="Dask: one DG_JIT_CACHE_DIR shared by all workers (default: each worker its own)")
+    # NOTES: "numpy" swaps the stand-in for _sweep_cpu.NumpyRunner: plumbing runs and the tests, never figures.
+    p.add_argument("--runner", choices=("deep_gemm", "numpy"), default="deep_gemm", help=argparse.SUPPRESS)
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     return p
@@ -123,7 +147,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--limit must be >= 1, got {args.limit}")
     if args.repeats < 1 or args.max_repeats < args.repeats:
         parser.error(f"need 1 <= --repeats <= --max-repeats, got {args.repeats=} {args.max_repeats=}")
-    for name in ("ceiling_gflops", "bandwidth_gbs", "max_mem_gb", "target_seconds"):
+    if args.scheduler is not None and args.local_cluster is not None:
+        parser.error(f"--scheduler {args.scheduler} and --local-cluster {args.local_cluster}: choose one")
+    if (args.scheduler is not None or args.local_cluster is not None) and args.mode == "model":
+        parser.error("--scheduler/--local-cluster run the cpu mode; --mode model needs neither")
+    if args.local_cluster is not None and args.local_cluster < 1:
+        parser.error(f"--local-cluster must be >= 1, got {args.local_cluster}")
+    if args.spread_tol < 0:
+        parser.error(f"--spread-tol must be >= 0, got {args.spread_tol}")
+    for name in ("ceiling_gflops", "bandwidth_gbs", "max_mem_gb", "target_seconds", "budget_hours"):
         value = getattr(args, name)
         if value is not None and not value > 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0, got {value}")
@@ -201,37 +233,65 @@ def run_model(args, shapes, dtypes, writer, existing, done, machine, *, estimato
 
 
 def measure_machine(args, cpu_machine: dict | None) -> dict:
-    """This CPU's ceiling and bandwidth: given, from --ceiling-gflops/--bandwidth-gbs, or measured now."""
-    info = dict(cpu_machine or {})
-    if "peak_gflops" not in info:
-        if args.ceiling_gflops is not None:
-            info.update(peak_gflops=args.ceiling_gflops, ceiling_sizes="given")
-        else:
-            from _sweep_cpu import measure_cpu_ceiling
+    """This CPU: host and model, ceiling (--ceiling-gflops, else the best of several numpy fp32 samples taken at low
+    load), FMA peak, bandwidth (--bandwidth-gbs, else measured); ``cpu_machine`` entries (tests) win."""
+    from _sweep_ceiling import measure_machine as measure
 
-            print("measuring the CPU ceiling (numpy fp32 squares) ...", file=sys.stderr, flush=True)
-            measured = measure_cpu_ceiling(CEILING_SIZES)
-            info.update(peak_gflops=measured["peak_gflops"], ceiling_sizes=list(CEILING_SIZES),
-                        ceiling_per_size={str(s): g for s, g in measured["per_size"].items()})
-    if "bandwidth_gbs" not in info:
-        if args.bandwidth_gbs is not None:
-            info["bandwidth_gbs"] = args.bandwidth_gbs
-        else:
-            from _sweep_cpu import measure_cpu_bandwidth
-
-            info["bandwidth_gbs"] = measure_cpu_bandwidth()["bandwidth_gbs"]
-    info.setdefault("ceiling_sizes", "given")
+    given = dict(cpu_machine or {})
+    ceiling = given.get("peak_gflops", args.ceiling_gflops)
+    if ceiling is None:
+        print("measuring the CPU ceiling (numpy fp32 squares, best of 3 samples at low load) and FMA peak ...",
+              file=sys.stderr, flush=True)
+    info = measure(ceiling_gflops=ceiling, bandwidth_gbs=given.get("bandwidth_gbs", args.bandwidth_gbs),
+                   sizes=CEILING_SIZES)
+    info.update(given)
     info["ridge"] = info["peak_gflops"] / info["bandwidth_gbs"]
-    print(f"CPU: ceiling {info['peak_gflops']:.1f} GFLOP/s, bandwidth {info['bandwidth_gbs']:.1f} GB/s, "
+    fma = f", FMA peak {info['fma_peak_gflops']:.1f}" if info.get("fma_peak_gflops") else ""
+    print(f"CPU: ceiling {info['peak_gflops']:.1f} GFLOP/s{fma}, bandwidth {info['bandwidth_gbs']:.1f} GB/s, "
           f"ridge {info['ridge']:.1f} FLOP/B", file=sys.stderr, flush=True)
     return info
 
 
+def plan_cpu(args, tasks: list, existing: list[dict], runner) -> tuple:
+    """(cost, key, plan): per-shape seconds (rates fitted from the file's measured rows, else defaults), the kernel
+    key, and a function (tasks, machines) -> (tasks, plan info) applying --budget-hours (identity without it)."""
+    from _sweep_cpu import kernel_key
+    from _sweep_plan import DEFAULT_COMPILE_S, DEFAULT_RATES_GFLOPS, fit_rates, plan_budget, shape_seconds
+
+    fitted = fit_rates(existing)
+    rates = {d: fitted.get(d, DEFAULT_RATES_GFLOPS) for d in DTYPES}
+
+    def cost(task):
+        return shape_seconds(task, rates[task[0]], min_repeats=args.repeats, max_repeats=args.max_repeats,
+                             target_s=args.target_seconds)
+
+    def key(task):
+        return kernel_key(runner, *task)
+
+    def plan(tasks, machines: int = 1):
+        if args.budget_hours is None:
+            return tasks, None
+        got = plan_budget(tasks, args.budget_hours * 3600, cost, key, workers=machines, seed=args.seed,
+                          compile_s=getattr(runner, "compile_s", DEFAULT_COMPILE_S))
+        info = {k: v for k, v in got.items() if k != "tasks"}
+        info.update(budget_hours=args.budget_hours, machines=machines, selected=len(tasks), planned=len(got["tasks"]),
+                    rates={d: {k: round(v, 1) for k, v in rates[d].items()} for d in rates},
+                    rates_from={d: "measured rows" if d in fitted else "defaults" for d in DTYPES})
+        print(f"budget {args.budget_hours} h on {machines} machine(s): {len(got['tasks'])} of {len(tasks)} shapes "
+              f"planned (stratified, {got['strata_covered']}/{got['strata']} strata, {got['kernels']} kernels, "
+              f"estimated {got['estimated_s'] / 3600:.2f} machine-hours)", file=sys.stderr, flush=True)
+        return got["tasks"], info
+
+    return cost, key, plan
+
+
 def run_cpu(args, shapes, dtypes, writer, existing, done, machine, *, runner=None, cpu_machine=None,
-            mem_available=None) -> None:
-    """Time every pending (dtype, shape) on this CPU: stand-in vs numpy baseline; append one row each."""
-    import numpy as np
-    from _sweep_cpu import DeepGemmRunner, make_case, mem_available_bytes, shape_memory_bytes, time_shape
+            mem_available=None, result: dict | None = None) -> dict:
+    """Time every pending (dtype, shape) (or --budget-hours' subset of them) on this CPU or on a Dask cluster:
+    stand-in vs numpy baseline; append one row each. Fills and returns ``result``: {"shapes_run": [[dtype, m, n,
+    k], ...] in the order their rows were written, "plan": the budget plan or None} (filled as rows are written, so
+    an interrupted run still says what ran)."""
+    from _sweep_cpu import DeepGemmRunner, mem_available_bytes, run_shape, shape_rng
 
     runner = runner or DeepGemmRunner(args.arch, args.num_ai_cores, args.workers, not args.no_precompile)
     mem_available = mem_available or mem_available_bytes
@@ -240,13 +300,34 @@ def run_cpu(args, shapes, dtypes, writer, existing, done, machine, *, runner=Non
     tasks = [(dtype, *s) for dtype in dtypes for s in shapes if ("cpu", dtype, *s) not in done]
     print(f"cpu: {len(tasks)} of {len(shapes) * len(dtypes)} (dtype, shape) runs to do; kernels built for {arch} "
           f"with {cores} logical AI cores", file=sys.stderr, flush=True)
+    result = result if result is not None else {}
+    result.update(shapes_run=[], plan=None)
     if not tasks:
-        return
+        return result
+    cost, key, plan = plan_cpu(args, tasks, existing, runner)
+    progress = functools.partial(_progress, desc="cpu", unit="GFLOP", enabled=not args.no_progress, scale=1e-9)
+
+    if args.scheduler is not None or args.local_cluster is not None:
+        from _sweep_dask import run_cpu_dask
+
+        info = {"backend": "dask", "target": f"{arch}, {cores} AI cores", "runner": runner.name}
+        machine["cpu"] = info
+
+        def planned(all_tasks, machines):
+            chosen, result["plan"] = plan(all_tasks, machines)
+            return chosen
+
+        run_cpu_dask(args, tasks, writer, info, runner=runner, arch=arch, num_ai_cores=cores, cost=cost,
+                     kernel_key=key, plan=planned, progress=progress, written=result["shapes_run"])
+        return result
+
+    tasks, result["plan"] = plan(tasks, 1)
     info = measure_machine(args, cpu_machine)
     info["target"] = f"{arch}, {cores} AI cores"
     info["runner"] = runner.name
     machine["cpu"] = info
     peak, bandwidth = info["peak_gflops"] * 1e9, info["bandwidth_gbs"] * 1e9
+    budget = None if args.max_mem_gb is None else args.max_mem_gb * 2**30
 
     with runner.scope():
         pre = runner.precompile(tasks)
@@ -254,15 +335,18 @@ def run_cpu(args, shapes, dtypes, writer, existing, done, machine, *, runner=Non
             print(f"precompile: {pre['kernels']} kernels in {pre['seconds']:.1f} s"
                   + (f" ({pre['error']})" if pre["error"] else ""), file=sys.stderr, flush=True)
         info["precompile"] = pre
-        rng = np.random.default_rng(args.seed)
         total = sum(shapes_mod.gemm_flops(m, n, k) for _, m, n, k in tasks)
-        with _progress(total, "cpu", "GFLOP", not args.no_progress, scale=1e-9) as bar:
+        with progress(total) as bar:
             for dtype, m, n, k in tasks:
                 bar.set_postfix_str(f"{dtype} {m}x{n}x{k}")
                 row = new_row("cpu", dtype, m, n, k, arch=arch, num_ai_cores=cores, peak_flops=peak,
                               bandwidth_bytes_s=bandwidth)
-                _run_cpu_shape(args, runner, row, rng, mem_available, make_case, shape_memory_bytes, time_shape)
+                row.update(host=info.get("host"), cpu_model=info.get("cpu_model"))
+                run_shape(row, runner, shape_rng(args.seed, dtype, m, n, k), min_repeats=args.repeats,
+                          max_repeats=args.max_repeats, target_s=args.target_seconds, spread_tol=args.spread_tol,
+                          mem_budget_bytes=budget, mem_available=mem_available, mem_fraction=MEM_FRACTION)
                 writer.write(row)
+                result["shapes_run"].append([dtype, m, n, k])
                 bar.update(shapes_mod.gemm_flops(m, n, k))
                 if row["status"] == "ok":
                     bar.set_postfix_str(f"{dtype} {m}x{n}x{k}: {row['gflops']:.1f} GFLOP/s, "
@@ -270,36 +354,10 @@ def run_cpu(args, shapes, dtypes, writer, existing, done, machine, *, runner=Non
     if isinstance(info.get("ceiling_sizes"), list):
         # NOTES: measured again at the end (rows keep the start's figure): on a shared machine the two differ, and
         # the summary shows both so a reader can tell how much the load moved during the sweep.
-        from _sweep_cpu import measure_cpu_ceiling
+        from _sweep_ceiling import measure_ceiling
 
-        info["peak_gflops_end"] = measure_cpu_ceiling(CEILING_SIZES)["peak_gflops"]
-
-
-def _run_cpu_shape(args, runner, row, rng, mem_available, make_case, shape_memory_bytes, time_shape) -> None:
-    dtype, m, n, k = row["dtype"], row["m"], row["n"], row["k"]
-    need = shape_memory_bytes(dtype, m, n, k)
-    avail = mem_available()
-    budget = MEM_FRACTION * avail
-    if args.max_mem_gb is not None:
-        budget = min(budget, args.max_mem_gb * 2**30)
-    if need > budget:
-        row.update(status="skipped", error=f"needs {need / 2**30:.2f} GiB > budget {budget / 2**30:.2f} GiB "
-                                            f"(MemAvailable {avail / 2**30:.2f} GiB)")
-        return
-    case = None
-    try:
-        case = make_case(dtype, m, n, k, rng)
-        timing = time_shape(runner, case, min_repeats=args.repeats, max_repeats=args.max_repeats,
-                            target_s=args.target_seconds)
-        set_performance(row, timing.time_s, timing.baseline_time_s)
-        config = timing.config if timing.config is not None else runner.config(dtype, m, n, k)
-        row.update(calc_diff=timing.calc_diff, repeats=timing.repeats, config=config_to_str(config))
-    except KeyboardInterrupt:
-        raise
-    except Exception as e:  # noqa: BLE001 (recorded in the row; the sweep goes on)
-        row.update(status="failed", error=describe_error(e))
-    finally:
-        del case
+        info["peak_gflops_end"] = measure_ceiling(CEILING_SIZES, samples=1, max_wait_s=0)["peak_gflops"]
+    return result
 
 
 def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machine: dict | None = None,
@@ -326,10 +384,18 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
             chip_roofline(args.arch, args.num_ai_cores, dtype)  # unknown arch, bad core count, no FP8 Cube
         estimator = estimator or resolve_estimator()
     if "cpu" in modes and runner is None:
-        from _sweep_cpu import DeepGemmRunner
+        from _sweep_cpu import DeepGemmRunner, NumpyRunner
 
-        runner = DeepGemmRunner(args.arch, args.num_ai_cores, args.workers, not args.no_precompile)
+        if args.runner == "numpy":
+            runner = NumpyRunner(**({"arch": args.arch} if args.arch else {}),
+                                 **({"num_ai_cores": args.num_ai_cores} if args.num_ai_cores else {}))
+        else:
+            runner = DeepGemmRunner(args.arch, args.num_ai_cores, args.workers, not args.no_precompile)
         runner.check_available()
+    if "cpu" in modes and (args.scheduler is not None or args.local_cluster is not None):
+        from _sweep_dask import require_distributed
+
+        require_distributed()  # says which extra to install
 
     try:
         existing = read_results(results) if args.resume else []
@@ -337,6 +403,7 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
         raise ValueError(f"cannot read {results} to resume: {e.strerror or e}") from None
     done = done_keys(existing)
     machine: dict = {"chip": [], "cpu": None}
+    cpu_run: dict = {}
     started = time.time()
     interrupted = False
     stopped = None
@@ -351,7 +418,7 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
             run_model(args, shapes, dtypes, writer, existing, done, machine, estimator=estimator)
         if "cpu" in modes:
             run_cpu(args, shapes, dtypes, writer, existing, done, machine, runner=runner, cpu_machine=cpu_machine,
-                    mem_available=mem_available)
+                    mem_available=mem_available, result=cpu_run)
     except KeyboardInterrupt:
         interrupted = True
         print(f"\ninterrupted: finished rows are in {results}; rerun with --resume to continue", file=sys.stderr)
@@ -370,6 +437,12 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
         "seconds": round(time.time() - started, 1), "interrupted": interrupted,
         "selected_rows": sum(row_key(r) in selected for r in rows),
         "cpu_count": os.cpu_count(),
+        "backend": ("dask " + (args.scheduler or f"local cluster of {args.local_cluster}")
+                    if args.scheduler is not None or args.local_cluster is not None else "single process"),
+        "plan": cpu_run.get("plan"),
+        # NOTES: exactly which CPU shapes this invocation ran (rows written, in order); rows of earlier runs of a
+        # resumed file are in results.csv but not here.
+        "shapes_run": [list(t) for t in cpu_run.get("shapes_run", [])],
     }
     if stopped:
         run_info["stopped"] = stopped

@@ -1,0 +1,340 @@
+"""bench/sweep.py on a local Dask cluster (the "distributed" extra): the same rows as the single-process run, a
+worker killed mid-shape, Ctrl-C on the client then --resume, and the error without the extra; plus the pieces the
+cluster relies on: early-stopping repeats, the budget planner, the robust ceiling and the FMA peak."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import _sweep_ceiling  # noqa: E402
+import _sweep_cpu  # noqa: E402
+import _sweep_csv  # noqa: E402
+import _sweep_plan  # noqa: E402
+import _sweep_report  # noqa: E402
+import sweep  # noqa: E402
+
+PINNED = ["--ceiling-gflops", "100", "--bandwidth-gbs", "20"]  # no ceiling measurement in the plumbing tests
+TINY = [(32, 32, 64), (64, 48, 96), (16, 16, 40), (8, 24, 32)]
+
+
+def _shape_file(tmp_path: Path, shapes) -> Path:
+    path = tmp_path / "shapes.txt"
+    path.write_text("".join(f"{m} {n} {k}\n" for m, n, k in shapes))
+    return path
+
+
+def _raw_rows(out: Path) -> list[dict]:
+    with open(out / "results.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _key(r: dict) -> tuple:
+    return (r["dtype"], int(r["m"]), int(r["n"]), int(r["k"]))
+
+
+def _distributed_or_fail():
+    # NOTES: the README's test command installs the distributed extra, so a missing dask is a broken install here,
+    # not a reason to skip.
+    import distributed  # noqa: F401
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Done-when tests: cluster == single process, a dead worker, Ctrl-C + --resume, no extra
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_local_cluster_rows_match_the_single_process_run(tmp_path):
+    """--mode cpu --local-cluster 2 --limit 4 with the real kernels: the same (dtype, shape) rows as one process,
+    every row ok, calc_diff within tolerance and equal (a shape's operands do not depend on where it ran)."""
+    _distributed_or_fail()
+    common = ["--mode", "cpu", "--limit", "4", "--no-progress", "--no-plots", "--max-repeats", "3", *PINNED]
+    single = sweep.run([*common, "--out", str(tmp_path / "single")])
+    cluster = sweep.run([*common, "--out", str(tmp_path / "cluster"), "--local-cluster", "2"])
+    one = {_key(r): r for r in _raw_rows(tmp_path / "single")}
+    many = {_key(r): r for r in _raw_rows(tmp_path / "cluster")}
+    expected = {(d, *s) for d in ("bf16", "fp8") for s in sweep.shapes_mod.all_shapes()[:4]}
+    assert set(one) == set(many) == expected
+    assert len(_raw_rows(tmp_path / "cluster")) == len(expected)  # each row once
+    for key, row in many.items():
+        assert row["status"] == "ok" and one[key]["status"] == "ok", (row["error"], one[key]["error"])
+        diff = float(row["calc_diff"])
+        assert diff < _sweep_report.CALC_DIFF_TOL[key[0]]
+        assert diff == pytest.approx(float(one[key]["calc_diff"]), rel=1e-6, abs=1e-12)
+        assert row["config"] == one[key]["config"] and "block_m=" in row["config"]
+        assert row["host"] and row["cpu_model"] and 1 <= int(row["repeats"]) <= 3
+    workers = cluster["machine"]["cpu"]["workers"]
+    assert cluster["machine"]["cpu"]["backend"] == "dask" and sum(w["shapes"] for w in workers.values()) == 8
+    assert sorted(map(tuple, cluster["run"]["shapes_run"])) == sorted(expected)
+    assert single["run"]["backend"] == "single process"
+
+
+def test_worker_killed_mid_shape_every_row_exactly_once(tmp_path):
+    """A worker process SIGKILLs itself inside a shape's timed call; Dask reruns the shape on a live worker and the
+    file ends with each (dtype, shape) exactly once, all ok."""
+    _distributed_or_fail()
+    marker = tmp_path / "killed.pid"
+    victim = ("bf16", 64, 48, 96)
+    runner = _sweep_cpu.NumpyRunner(die_once_on=victim, die_marker=str(marker))
+    out = tmp_path / "out"
+    summary = sweep.run(["--mode", "cpu", "--shapes", str(_shape_file(tmp_path, TINY)), "--out", str(out),
+                         "--local-cluster", "2", "--no-progress", "--no-plots", *PINNED], runner=runner)
+    assert marker.exists()  # a worker did die mid-shape
+    killed_pid = int(marker.read_text())
+    rows = _raw_rows(out)
+    keys = [_key(r) for r in rows]
+    assert sorted(keys) == sorted((d, *s) for d in ("bf16", "fp8") for s in TINY)  # no duplicate, none missing
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
+    assert killed_pid != os.getpid()  # the worker died, not this client
+    assert sorted(map(tuple, summary["run"]["shapes_run"])) == sorted(keys)
+
+
+def test_ctrl_c_on_the_client_keeps_rows_and_resume_finishes(tmp_path):
+    """SIGINT to the client process mid-sweep: exit 130, rows written so far kept; --resume (on the cluster again)
+    runs only the rest, and the file ends with every key once."""
+    _distributed_or_fail()
+    shapes = [(768, 768, 256 * i) for i in range(1, 9)]
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(BENCH / "sweep.py"), "--mode", "cpu", "--dtype", "bf16", "--runner", "numpy",
+           "--shapes", str(_shape_file(tmp_path, shapes)), "--out", str(out), "--local-cluster", "2",
+           "--no-plots", "--no-progress", "--repeats", "6", "--max-repeats", "6", *PINNED]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if (out / "results.csv").exists() and len(_raw_rows(out)) >= 2:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the sweep finished before it could be interrupted: make the shapes slower"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "rerun with --resume" in err
+    first = _raw_rows(out)
+    assert 2 <= len(first) < len(shapes)
+    assert len({_key(r) for r in first}) == len(first)
+    interrupted = json.loads((out / "summary.json").read_text())["run"]
+    assert interrupted["interrupted"] is True and len(interrupted["shapes_run"]) == len(first)
+
+    resumed = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows = _raw_rows(out)
+    assert rows[: len(first)] == first  # appended, not rewritten
+    assert sorted(_key(r) for r in rows) == sorted(("bf16", *s) for s in shapes)
+    ran = json.loads((out / "summary.json").read_text())["run"]["shapes_run"]
+    assert sorted(map(tuple, ran)) == sorted(set(("bf16", *s) for s in shapes) - {_key(r) for r in first})
+
+
+def test_resume_across_backends(tmp_path):
+    """Rows from a single-process run count on the cluster and the other way round: same file, no rerun."""
+    _distributed_or_fail()
+    out = tmp_path / "out"
+    args = ["--mode", "cpu", "--dtype", "fp8", "--shapes", str(_shape_file(tmp_path, TINY)), "--out", str(out),
+            "--no-progress", "--no-plots", *PINNED]
+    sweep.run([*args, "--limit", "2"], runner=_sweep_cpu.NumpyRunner())
+    summary = sweep.run([*args, "--resume", "--local-cluster", "1"], runner=_sweep_cpu.NumpyRunner())
+    assert sorted(map(tuple, summary["run"]["shapes_run"])) == sorted(("fp8", *s) for s in TINY[2:])
+    again = _sweep_cpu.NumpyRunner()
+    sweep.run([*args, "--resume"], runner=again)
+    assert again.calls == []
+    assert sorted(_key(r) for r in _raw_rows(out)) == sorted(("fp8", *s) for s in TINY)
+
+
+def test_scheduler_without_the_extra_names_it_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "distributed", None)  # import distributed -> ImportError
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match=r'"distributed" extra: pip install -e "\.\[distributed\]"'):
+        sweep.run(["--mode", "cpu", "--shapes", str(_shape_file(tmp_path, TINY)), "--out", str(out),
+                   "--scheduler", "tcp://127.0.0.1:8786", "--no-progress"], runner=_sweep_cpu.NumpyRunner())
+    assert not out.exists()
+
+
+def test_default_path_never_imports_dask(tmp_path):
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import sweep; "
+            "sweep.run(sys.argv[2:]); "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')); "
+            "assert not bad, bad")
+    done = subprocess.run([sys.executable, "-c", code, str(BENCH), "--mode", "cpu", "--runner", "numpy",
+                           "--shapes", str(_shape_file(tmp_path, TINY[:2])), "--out", str(tmp_path / "out"),
+                           "--no-progress", "--no-plots", *PINNED], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_cluster_options_are_checked():
+    for bad in (["--scheduler", "tcp://x:1", "--local-cluster", "2", "--mode", "cpu"],
+                ["--local-cluster", "0", "--mode", "cpu"], ["--local-cluster", "2", "--mode", "model"],
+                ["--spread-tol", "-0.1"], ["--budget-hours", "0"]):
+        with pytest.raises(SystemExit):
+            sweep.parse_args(bad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Early-stopping repeats
+# ---------------------------------------------------------------------------------------------------------------
+
+def _scripted_timer(monkeypatch, ours: list[float], theirs: list[float]):
+    """Replace _sweep_cpu._timed: calls alternate stand-in, baseline and return the scripted times."""
+    seq = iter([t for pair in zip(ours, theirs, strict=True) for t in pair])
+
+    def fake(fn):
+        fn()
+        return next(seq)
+
+    monkeypatch.setattr(_sweep_cpu, "_timed", fake)
+
+
+@pytest.mark.parametrize(("ours", "theirs", "kw", "repeats", "why"), [
+    ([1.00, 1.01, 9, 9], [2.00, 2.02, 9, 9], {}, 2, "spread"),                      # agree at once: stop at 2
+    ([1.0, 1.5, 1.2, 1.21] + [9] * 6, [1] * 10, {"target_s": 100}, 10, "max_repeats"),  # never within 5 %
+    ([0.3, 0.6, 0.45, 0.9], [0.5, 0.5, 0.5, 0.5], {"target_s": 1.0}, 3, "budget"),  # 1.35 s timed: over budget
+    ([5.0, 5.0], [7.0, 9.0], {"min_repeats": 1, "target_s": 1.0}, 1, "budget"),     # long shape: one run each
+])
+def test_repeats_stop_on_spread_budget_or_max(monkeypatch, rng, ours, theirs, kw, repeats, why):
+    _scripted_timer(monkeypatch, ours + [9.0] * 10, theirs + [9.0] * 10)
+    case = _sweep_cpu.make_case("bf16", 8, 16, 32, rng)
+    timing = _sweep_cpu.time_shape(_sweep_cpu.NumpyRunner(), case, **{"min_repeats": 2, "max_repeats": 10, **kw})
+    assert (timing.repeats, timing.stopped_by) == (repeats, why)
+    if repeats == 1:
+        assert timing.spread is None
+    else:
+        expected = max(_sweep_cpu.relative_spread(ours[:repeats]), _sweep_cpu.relative_spread(theirs[:repeats]))
+        assert timing.spread == pytest.approx(expected)
+    assert timing.calc_diff < 1e-5
+
+
+def test_rows_record_repeats_spread_and_over_peak(tmp_path):
+    out = tmp_path / "out"
+    sweep.run(["--mode", "cpu", "--dtype", "bf16", "--runner", "numpy", "--shapes", str(_shape_file(tmp_path, TINY)),
+               "--out", str(out), "--no-progress", "--no-plots", "--ceiling-gflops", "1e-6", "--bandwidth-gbs", "1"])
+    for r in _raw_rows(out):
+        assert 2 <= int(r["repeats"]) <= 10 and float(r["spread"]) >= 0
+        assert r["over_peak"] == "1"  # a 1 kFLOP/s ceiling: every row is above it, and says so
+        assert r["host"] == _sweep_ceiling.machine_identity()["host"]
+    text = _sweep_report.format_summary(json.loads((out / "summary.json").read_text()))
+    assert "WARNING: 4 shapes above the peak (over_peak=1 in their rows)" in text
+    assert "CPU shapes run this time (4, single process): bf16 32x32x64, bf16 64x48x96" in text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Planning: kernel groups and --budget-hours
+# ---------------------------------------------------------------------------------------------------------------
+
+def _cost(task):
+    return _sweep_plan.shape_seconds(task, _sweep_plan.DEFAULT_RATES_GFLOPS, min_repeats=2, max_repeats=10,
+                                     target_s=0.5)
+
+
+def _nk_key(task):
+    return (task[0], task[2], task[3])
+
+
+def test_budget_plan_is_stratified_fits_and_is_deterministic():
+    tasks = [("bf16", *s) for s in sweep.shapes_mod.all_shapes()]
+    total = _sweep_plan.estimate_total(tasks, _cost, _nk_key)
+    assert total["kernels"] == len({_nk_key(t) for t in tasks})
+    plan = _sweep_plan.plan_budget(tasks, 3600, _cost, _nk_key)
+    chosen = plan["tasks"]
+    assert 0 < len(chosen) < len(tasks) and plan["estimated_s"] <= 3600
+    assert _sweep_plan.estimate_total(chosen, _cost, _nk_key)["seconds"] == pytest.approx(plan["estimated_s"])
+    strata = {_sweep_plan.stratum(t) for t in tasks}
+    assert plan["strata"] == len(strata)
+    # Every stratum whose cheapest shape fits on its own is represented.
+    cheap = {s for s in strata
+             if min(_cost(t) for t in tasks if _sweep_plan.stratum(t) == s) + _sweep_plan.DEFAULT_COMPILE_S < 30}
+    assert cheap <= {_sweep_plan.stratum(t) for t in chosen}
+    assert chosen == [t for t in tasks if t in set(chosen)]  # in the selection's order
+    assert _sweep_plan.plan_budget(tasks, 3600, _cost, _nk_key)["tasks"] == chosen
+    # Twice the machines, about twice the work; an ample budget takes everything.
+    two = _sweep_plan.plan_budget(tasks, 3600, _cost, _nk_key, workers=2)
+    assert plan["estimated_s"] < two["estimated_s"] <= 7200
+    everything = _sweep_plan.plan_budget(tasks, total["seconds"] + 1, _cost, _nk_key)
+    assert everything["tasks"] == tasks and everything["dropped"] == 0
+
+
+def test_kernel_groups_and_fitted_rates():
+    tasks = [("bf16", 128, 256, 512), ("bf16", 64, 256, 512), ("fp8", 128, 256, 512), ("bf16", 128, 512, 512)]
+    groups = _sweep_plan.kernel_groups(tasks, _nk_key)
+    assert list(groups.values()) == [tasks[:2], [tasks[2]], [tasks[3]]]
+    rows = [{"mode": "cpu", "dtype": "bf16", "status": "ok", "gflops": g, "baseline_gflops": 2 * g}
+            for g in (10.0, 30.0, 20.0)] + [{"mode": "cpu", "dtype": "fp8", "status": "failed", "gflops": None,
+                                              "baseline_gflops": None}]
+    assert _sweep_plan.fit_rates(rows) == {"bf16": {"stand_in": 20.0, "baseline": 40.0, "rows": 3}}
+
+
+def test_budget_run_says_so_in_the_summary(tmp_path):
+    out = tmp_path / "out"
+    shapes = [(256 * a, 256 * b, 256 * c) for a in (1, 4, 16) for b in (1, 4) for c in (1, 8)]
+    summary = sweep.run(["--mode", "cpu", "--dtype", "bf16", "--runner", "numpy", "--no-progress", "--no-plots",
+                         "--shapes", str(_shape_file(tmp_path, shapes)), "--out", str(out), "--budget-hours", "0.0002",
+                         "--repeats", "1", "--max-repeats", "1", *PINNED])
+    plan = summary["run"]["plan"]
+    ran = [tuple(t) for t in summary["run"]["shapes_run"]]
+    assert 0 < plan["planned"] == len(ran) < len(shapes) and plan["selected"] == len(shapes)
+    assert sorted(_key(r) for r in _raw_rows(out)) == sorted(ran)
+    text = _sweep_report.format_summary(summary)
+    assert f"planned {len(ran)} of the {len(shapes)} pending (dtype, shape) runs, a stratified subset" in text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The ceiling
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_ceiling_waits_for_low_load_and_keeps_the_best_sample():
+    loads = iter([3.0, 2.5, 0.2, 0.1, 5.0, 5.0, 5.0, 5.0])
+    slept = []
+    samples = iter([{64: 50.0, 128: 80.0}, {64: 60.0, 128: 70.0}, {64: 10.0, 128: 20.0}])
+    got = _sweep_ceiling.measure_ceiling([64, 128], samples=3, load_threshold=1.0, max_wait_s=2.0,
+                                         sample_fn=lambda sizes: next(samples), load=lambda: next(loads),
+                                         sleep=slept.append)
+    assert got["peak_gflops"] == 80.0 and got["samples"] == [80.0, 70.0, 20.0]
+    assert got["per_size"] == {64: 60.0, 128: 80.0}
+    # waited through 3.0 and 2.5 for the first sample; none for the second; gave up after 2 s for the third.
+    assert got["loads"] == [0.2, 0.1, 5.0] and len(slept) == 4
+    with pytest.raises(ValueError, match="samples=0"):
+        _sweep_ceiling.measure_ceiling([64], samples=0)
+
+
+def test_real_ceiling_fma_peak_and_identity():
+    per_size = _sweep_ceiling.numpy_ceiling_sample([128, 256], repeats=1)
+    assert set(per_size) == {128, 256} and all(g > 0 for g in per_size.values())
+    fma = _sweep_ceiling.measure_fma_peak(seconds=0.05, repeats=1)
+    import numba
+
+    assert fma["threads"] == numba.get_num_threads() and fma["lanes"] == _sweep_ceiling.FMA_LANES
+    assert 0 < fma["fma_peak_gflops"] < 1e6
+    ident = _sweep_ceiling.machine_identity()
+    assert ident["host"] and ident["cpu_model"] and ident["cpu_count"] >= 1
+
+
+def test_worker_cache_dir_choice(monkeypatch, tmp_path):
+    import _sweep_dask
+
+    assert _sweep_dask.worker_cache_dir(str(tmp_path), "h", "w")[1].startswith("shared")
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", str(tmp_path / "own"))
+    assert _sweep_dask.worker_cache_dir(None, "h", "w") == (str(tmp_path / "own"), "the worker's DG_JIT_CACHE_DIR")
+    monkeypatch.delenv("DG_JIT_CACHE_DIR")
+    path, how = _sweep_dask.worker_cache_dir(None, "host.x", "tcp://10.0.0.1:4000")
+    assert how == "per worker" and Path(path).name == "host.x-tcp_10.0.0.1_4000"
+    assert _sweep_dask.worker_cache_dir(None, "host.x", "1")[0] != path
+
+
+def test_schema_has_the_new_columns_parsed():
+    for col in ("spread", "over_peak", "host", "cpu_model"):
+        assert col in _sweep_csv.COLUMNS
+    row = _sweep_csv.parse_row({c: "" for c in _sweep_csv.COLUMNS} | {"spread": "0.02", "over_peak": "1",
+                                                                       "host": "h"})
+    assert row["spread"] == 0.02 and row["over_peak"] == 1 and row["host"] == "h"
+    assert os.environ.get("DG_JIT_CACHE_DIR")  # the conftest's session cache, inherited by local-cluster workers
