@@ -164,9 +164,17 @@ def connect(scheduler: str | None, local_workers: int | None, *, wait_s: float =
     return client, cluster
 
 
+def _workers_info(client) -> dict:
+    # NOTES: newer distributed lists only the first few workers unless asked for all (n_workers=-1).
+    try:
+        return client.scheduler_info(n_workers=-1)["workers"]
+    except TypeError:
+        return client.scheduler_info()["workers"]
+
+
 def check_resources(client) -> list[str]:
     """The addresses of workers offering the timing resource; RuntimeError if none does (tasks would wait forever)."""
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    workers = _workers_info(client)
     with_resource = [addr for addr, w in workers.items() if w.get("resources", {}).get(RESOURCE, 0) >= 1]
     if not with_resource:
         raise RuntimeError(f"none of the {len(workers)} Dask workers offers the resource {RESOURCE}=1: start them with"
@@ -208,11 +216,12 @@ class _Progress:
 
 
 def run_cpu_dask(args, tasks: list[tuple], writer, info: dict, *, runner, arch: str, num_ai_cores: int, cost,
-                 kernel_key, plan, progress, written: list) -> list:
+                 kernel_key, plan, progress, written: list, walls: list) -> list:
     """Time ``tasks`` on the cluster ``args`` names, writing each row to ``writer`` as it arrives and appending its
     task to ``written``; fills ``info`` (the summary's machine["cpu"]) with the workers' machines and counts.
     ``plan(tasks, machines)`` picks the tasks to run once the number of hosts is known (--budget-hours);
-    ``progress(total_flops)`` makes the tqdm bar.
+    ``progress(total_flops)`` makes the tqdm bar; ``walls`` gets each shape's {"task", "seconds" (on the worker,
+    compile included, waiting for the host lock not), "compile_s", "worker"}.
 
     A shape is one task holding the timing resource; tasks are grouped by kernel and each group is sent to one
     worker (a loose restriction). KeyboardInterrupt cancels what is pending and propagates (rows written stay)."""
@@ -223,7 +232,7 @@ def run_cpu_dask(args, tasks: list[tuple], writer, info: dict, *, runner, arch: 
     futures = []
     try:
         workers = check_resources(client)
-        hosts = {w["host"] for a, w in client.scheduler_info(n_workers=-1)["workers"].items() if a in workers}
+        hosts = {w["host"] for a, w in _workers_info(client).items() if a in workers}
         # NOTES: timings on one host take turns (host_timing_lock), so the budget scales with hosts, not workers.
         tasks = plan(tasks, len(hosts))
         here = Path(__file__).resolve().parent
@@ -266,6 +275,8 @@ def run_cpu_dask(args, tasks: list[tuple], writer, info: dict, *, runner, arch: 
             written.append(task)
             if meta is not None:
                 _account(info["workers"], meta)
+                walls.append({"task": list(task), "seconds": meta["seconds"] - meta["lock_wait_s"],
+                              "compile_s": meta["compile_s"], "worker": meta["worker"]})
             report.step(task, None if meta is None else meta["worker"])
         bar.close()
     finally:

@@ -125,3 +125,34 @@ def estimate_total(tasks: list[Task], cost: Callable[[Task], float], key: Callab
     kernels = {key(t) for t in tasks}
     run = sum(cost(t) for t in tasks)
     return {"seconds": run + compile_s * len(kernels), "run_s": run, "kernels": len(kernels)}
+
+
+def extrapolate(rows: list[dict], selection: list[Task], walls: list[dict], key: Callable[[Task], tuple], *,
+                min_repeats: int, max_repeats: int, target_s: float, compile_s: float | None) -> dict:
+    """The whole selection's expected time, from what this run measured.
+
+    Model: shape_seconds with the stand-in and baseline rates fitted to the file's ok rows (fit_rates), scaled by
+    the ratio measured / modelled seconds over the shapes timed in this run (``walls``: {"task", "seconds",
+    "compile_s"}; seconds include the compile), plus one compile per distinct kernel at ``compile_s`` (measured
+    per kernel in this run, else DEFAULT_COMPILE_S). On N machines: the one-machine figure / N (perfect split,
+    the last shapes' tail not counted)."""
+    fitted = fit_rates(rows)
+    rates = {d: fitted.get(d, DEFAULT_RATES_GFLOPS) for d in ("bf16", "fp8")}
+
+    def cost(task: Task) -> float:
+        return shape_seconds(task, rates[task[0]], min_repeats=min_repeats, max_repeats=max_repeats,
+                             target_s=target_s)
+
+    measured = sum(max(0.0, w["seconds"] - w["compile_s"]) for w in walls)
+    modelled = sum(cost(tuple(w["task"])) for w in walls)
+    ratio = measured / modelled if walls and modelled > 0 else None
+    per_kernel = compile_s if compile_s is not None else DEFAULT_COMPILE_S
+    total = estimate_total(selection, cost, key, compile_s=per_kernel)
+    run_s = total["run_s"] * (ratio if ratio is not None else 1.0)
+    return {"shapes": len(selection), "kernels": total["kernels"], "compile_s_per_kernel": per_kernel,
+            "compile_from": "measured" if compile_s is not None else "default",
+            "rates_gflops": {d: {k: round(v, 1) for k, v in rates[d].items()} for d in rates},
+            "rates_from": {d: f"{int(fitted[d]['rows'])} measured rows" if d in fitted else "defaults"
+                           for d in rates},
+            "measured_s": measured, "modelled_s": modelled, "measured_over_modelled": ratio,
+            "one_machine_hours": (run_s + per_kernel * total["kernels"]) / 3600}

@@ -200,6 +200,15 @@ def format_summary(summary: dict) -> str:
         lines.append(f"CPU shapes run this time ({len(ran)}, {run.get('backend', 'single process')}): "
                      + (listed if len(ran) <= 60 else "listed in summary.json run.shapes_run")
                      if ran else "CPU shapes run this time: none")
+    ex = run.get("extrapolation")
+    if ex:
+        ratio = ex["measured_over_modelled"]
+        lines.append(f"EXTRAPOLATION (a model, not a measurement): all {ex['shapes']} selected CPU (dtype, shape) runs "
+                     f"~{ex['one_machine_hours']:.2f} h on one machine like this one, ~"
+                     f"{ex['one_machine_hours'] / 4:.2f} h on 4, ~{ex['one_machine_hours'] / 16:.2f} h on 16 "
+                     f"(per-shape time from GFLOP/s fitted to {ex['rates_from']}, scaled by measured/modelled "
+                     f"{_fmt(ratio, '.2f')} over the {len(run.get('shape_seconds', []))} shapes timed here; "
+                     f"{ex['kernels']} kernels x {ex['compile_s_per_kernel']:.1f} s compile ({ex['compile_from']}))")
     for name, g in summary["groups"].items():
         mode, dtype = name.split("/")
         unit, scale = ("TFLOPS", 1e-3) if mode == "model" else ("GFLOP/s", 1.0)

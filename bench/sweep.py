@@ -301,10 +301,14 @@ def run_cpu(args, shapes, dtypes, writer, existing, done, machine, *, runner=Non
     print(f"cpu: {len(tasks)} of {len(shapes) * len(dtypes)} (dtype, shape) runs to do; kernels built for {arch} "
           f"with {cores} logical AI cores", file=sys.stderr, flush=True)
     result = result if result is not None else {}
-    result.update(shapes_run=[], plan=None)
+    result.update(shapes_run=[], plan=None, walls=[], compile_s=None)
     if not tasks:
         return result
     cost, key, plan = plan_cpu(args, tasks, existing, runner)
+    result["selection"] = [(dtype, *s) for dtype in dtypes for s in shapes]
+    result["key"] = key
+    if getattr(runner, "compile_s", None) is not None:
+        result["compile_s"] = runner.compile_s  # a runner that compiles nothing (plumbing runs)
     progress = functools.partial(_progress, desc="cpu", unit="GFLOP", enabled=not args.no_progress, scale=1e-9)
 
     if args.scheduler is not None or args.local_cluster is not None:
@@ -318,7 +322,11 @@ def run_cpu(args, shapes, dtypes, writer, existing, done, machine, *, runner=Non
             return chosen
 
         run_cpu_dask(args, tasks, writer, info, runner=runner, arch=arch, num_ai_cores=cores, cost=cost,
-                     kernel_key=key, plan=planned, progress=progress, written=result["shapes_run"])
+                     kernel_key=key, plan=planned, progress=progress, written=result["shapes_run"],
+                     walls=result["walls"])
+        fresh = [w["compile_s"] for w in result["walls"] if w["compile_s"] > 0.5]  # loads from a cache take less
+        if fresh:
+            result["compile_s"] = sum(fresh) / len(fresh)
         return result
 
     tasks, result["plan"] = plan(tasks, 1)
@@ -335,6 +343,8 @@ def run_cpu(args, shapes, dtypes, writer, existing, done, machine, *, runner=Non
             print(f"precompile: {pre['kernels']} kernels in {pre['seconds']:.1f} s"
                   + (f" ({pre['error']})" if pre["error"] else ""), file=sys.stderr, flush=True)
         info["precompile"] = pre
+        if pre["kernels"] and not pre["error"]:
+            result["compile_s"] = pre["seconds"] / pre["kernels"]  # wall per kernel, --workers processes at once
         total = sum(shapes_mod.gemm_flops(m, n, k) for _, m, n, k in tasks)
         with progress(total) as bar:
             for dtype, m, n, k in tasks:
@@ -342,11 +352,14 @@ def run_cpu(args, shapes, dtypes, writer, existing, done, machine, *, runner=Non
                 row = new_row("cpu", dtype, m, n, k, arch=arch, num_ai_cores=cores, peak_flops=peak,
                               bandwidth_bytes_s=bandwidth)
                 row.update(host=info.get("host"), cpu_model=info.get("cpu_model"))
+                start = time.perf_counter()
                 run_shape(row, runner, shape_rng(args.seed, dtype, m, n, k), min_repeats=args.repeats,
                           max_repeats=args.max_repeats, target_s=args.target_seconds, spread_tol=args.spread_tol,
                           mem_budget_bytes=budget, mem_available=mem_available, mem_fraction=MEM_FRACTION)
                 writer.write(row)
                 result["shapes_run"].append([dtype, m, n, k])
+                result["walls"].append({"task": [dtype, m, n, k], "seconds": time.perf_counter() - start,
+                                        "compile_s": 0.0})
                 bar.update(shapes_mod.gemm_flops(m, n, k))
                 if row["status"] == "ok":
                     bar.set_postfix_str(f"{dtype} {m}x{n}x{k}: {row['gflops']:.1f} GFLOP/s, "
@@ -446,6 +459,15 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
     }
     if stopped:
         run_info["stopped"] = stopped
+    if cpu_run.get("walls"):
+        from _sweep_plan import extrapolate
+
+        run_info["shape_seconds"] = [{**w, "seconds": round(w["seconds"], 3), "compile_s": round(w["compile_s"], 3)}
+                                     for w in cpu_run["walls"]]
+        run_info["extrapolation"] = extrapolate(
+            [r for r in rows if r["mode"] == "cpu"], cpu_run["selection"], cpu_run["walls"], cpu_run["key"],
+            min_repeats=args.repeats, max_repeats=args.max_repeats, target_s=args.target_seconds,
+            compile_s=cpu_run.get("compile_s"))
     summary = summarize(rows, machine=machine, run=run_info)
     if not args.no_plots and not stopped:
         try:
