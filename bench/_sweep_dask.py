@@ -100,9 +100,11 @@ def _worker_setup(opts: dict, worker_name: str) -> dict:
     # NOTES: set before this process builds its first kernel (deep_gemm reads it at each lookup).
     os.environ["DG_JIT_CACHE_DIR"] = cache_dir
     with host_timing_lock():
+        start = time.perf_counter()
         machine = measure_machine(ceiling_gflops=opts.get("ceiling_gflops"), bandwidth_gbs=opts.get("bandwidth_gbs"),
-                                  samples=opts.get("ceiling_samples", 3), max_wait_s=opts.get("ceiling_wait_s", 20.0))
-    machine.update(jit_cache_dir=cache_dir, jit_cache=cache_from, pid=os.getpid())
+                                  samples=opts.get("ceiling_samples", 3), max_wait_s=opts.get("ceiling_wait_s", 30.0))
+    machine.update(jit_cache_dir=cache_dir, jit_cache=cache_from, pid=os.getpid(),
+                   setup_s=time.perf_counter() - start)
     _WORKER["machine"] = machine
     return machine
 
@@ -293,10 +295,12 @@ def run_cpu_dask(args, tasks: list[tuple], writer, info: dict, *, runner, arch: 
 def _account(workers: dict, meta: dict) -> None:
     entry = workers.setdefault(meta["worker"], {
         **{k: meta["machine"].get(k) for k in ("host", "cpu_model", "cpu_count", "peak_gflops", "fma_peak_gflops",
-                                                 "bandwidth_gbs", "ridge", "ceiling_sizes", "ceiling_samples",
-                                                 "ceiling_loads", "jit_cache_dir", "jit_cache")},
-        "shapes": 0, "seconds": 0.0, "compile_s": 0.0, "gflop": 0.0})
+                                                 "fma_below_ceiling", "bandwidth_gbs", "ridge", "ceiling_sizes",
+                                                 "ceiling_samples", "ceiling_loads", "ceiling_load_threshold",
+                                                 "jit_cache_dir", "jit_cache", "setup_s")},
+        "shapes": 0, "seconds": 0.0, "compile_s": 0.0, "lock_wait_s": 0.0, "gflop": 0.0})
     entry["shapes"] += 1
-    entry["seconds"] += meta["seconds"]
+    entry["seconds"] += meta["seconds"] - meta["lock_wait_s"]
+    entry["lock_wait_s"] += meta["lock_wait_s"]
     entry["compile_s"] += meta["compile_s"]
     entry["gflop"] += meta["flops"] / 1e9

@@ -147,7 +147,8 @@ def _machine_figures(m: dict) -> str:
     elif m.get("ceiling_sizes") == "given":
         text += " (given)"
     if m.get("fma_peak_gflops"):
-        text += f", FMA peak {m['fma_peak_gflops']:.1f} GFLOP/s (independent FMAs, all threads)"
+        text += f", FMA peak {m['fma_peak_gflops']:.1f} GFLOP/s (independent FMAs, all threads"
+        text += "; BELOW the ceiling: the FMA runs were disturbed)" if m.get("fma_below_ceiling") else ")"
     return text + f", bandwidth {_fmt(m.get('bandwidth_gbs'), '.1f')} GB/s"
 
 
@@ -165,8 +166,10 @@ def format_summary(summary: dict) -> str:
                      f"that timed it; stand-in kernels built for {cpu.get('target')}")
         for name, w in sorted(cpu.get("workers", {}).items()):
             lines.append(f"  worker {name} on {w.get('host')} ({w.get('cpu_model')}, {w.get('cpu_count')} CPUs): "
-                         + _machine_figures(w) + f"; {w['shapes']} shapes, {w['gflop']:.1f} GFLOP in "
-                         f"{w['seconds']:.1f} s ({w['compile_s']:.1f} s compiling); kernel cache {w.get('jit_cache')}")
+                         + _machine_figures(w) + f"; {w['shapes']} shapes, {w['gflop']:.1f} GFLOP, busy "
+                         f"{w['seconds']:.1f} s ({w['compile_s']:.1f} s of it compiling; setup "
+                         f"{_fmt(w.get('setup_s'), '.1f')} s, {w['lock_wait_s']:.1f} s waiting for the host's timing "
+                         f"lock); kernel cache {w.get('jit_cache')}")
     elif cpu:
         sizes = cpu.get("ceiling_sizes")
         how = "given" if sizes == "given" else f"numpy fp32 a @ b.T, best over squares {sizes}"
