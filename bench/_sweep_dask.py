@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -143,6 +144,22 @@ def run_shape_task(task: tuple, runner, arch: str, num_ai_cores: int, opts: dict
 # Client side
 # ---------------------------------------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT while the local cluster's processes start, so they inherit "ignored": a Ctrl-C at the terminal
+    (sent to the whole process group) then reaches only the client, which closes the cluster itself, instead of
+    every worker printing a KeyboardInterrupt traceback."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def connect(scheduler: str | None, local_workers: int | None, *, wait_s: float = 120.0):
     """(client, cluster or None): a LocalCluster of ``local_workers`` worker processes (one thread each, resource
     timing=1), or a client of the scheduler at ``scheduler``; waits for at least one worker."""
@@ -151,8 +168,9 @@ def connect(scheduler: str | None, local_workers: int | None, *, wait_s: float =
 
     cluster = None
     if local_workers is not None:
-        cluster = LocalCluster(n_workers=local_workers, threads_per_worker=1, processes=True,
-                               resources={RESOURCE: 1}, dashboard_address=None, silence_logs=logging.ERROR)
+        with _sigint_ignored():
+            cluster = LocalCluster(n_workers=local_workers, threads_per_worker=1, processes=True,
+                                   resources={RESOURCE: 1}, dashboard_address=None, silence_logs=logging.ERROR)
         client = Client(cluster)
     else:
         client = Client(scheduler, timeout=30)

@@ -100,15 +100,16 @@ def test_worker_killed_mid_shape_every_row_exactly_once(tmp_path):
 
 
 def test_ctrl_c_on_the_client_keeps_rows_and_resume_finishes(tmp_path):
-    """SIGINT to the client process mid-sweep: exit 130, rows written so far kept; --resume (on the cluster again)
-    runs only the rest, and the file ends with every key once."""
+    """Ctrl-C at a terminal (SIGINT to the client's whole process group, local workers included) mid-sweep: exit
+    130, rows written so far kept, no process left behind; --resume (on the cluster again) runs only the rest, and
+    the file ends with every key once."""
     _distributed_or_fail()
-    shapes = [(768, 768, 256 * i) for i in range(1, 9)]
+    shapes = [(512, 512, 256 * i) for i in range(1, 9)]
     out = tmp_path / "out"
     cmd = [sys.executable, str(BENCH / "sweep.py"), "--mode", "cpu", "--dtype", "bf16", "--runner", "numpy",
            "--shapes", str(_shape_file(tmp_path, shapes)), "--out", str(out), "--local-cluster", "2",
            "--no-plots", "--no-progress", "--repeats", "6", "--max-repeats", "6", *PINNED]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None:
@@ -116,13 +117,22 @@ def test_ctrl_c_on_the_client_keeps_rows_and_resume_finishes(tmp_path):
                 break
             time.sleep(0.05)
         assert proc.poll() is None, "the sweep finished before it could be interrupted: make the shapes slower"
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
+        deadline = time.time() + 20
+        while time.time() < deadline:  # the cluster's processes are gone too
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("processes of the interrupted sweep are still running")
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err[-2000:]
-    assert "rerun with --resume" in err
+    assert "rerun with --resume" in err and "Traceback" not in err
     first = _raw_rows(out)
     assert 2 <= len(first) < len(shapes)
     assert len({_key(r) for r in first}) == len(first)
