@@ -168,8 +168,9 @@ def format_summary(summary: dict) -> str:
             lines.append(f"  worker {name} on {w.get('host')} ({w.get('cpu_model')}, {w.get('cpu_count')} CPUs): "
                          + _machine_figures(w) + f"; {w['shapes']} shapes, {w['gflop']:.1f} GFLOP, busy "
                          f"{w['seconds']:.1f} s ({w['compile_s']:.1f} s of it compiling; setup "
-                         f"{_fmt(w.get('setup_s'), '.1f')} s, {w['lock_wait_s']:.1f} s waiting for the host's timing "
-                         f"lock); kernel cache {w.get('jit_cache')}")
+                         f"{_fmt(w.get('setup_s'), '.1f')} s, machine measured by {w.get('measured_by')}; "
+                         f"{w['lock_wait_s']:.1f} s waiting for the host's timing lock); kernel cache "
+                         f"{w.get('jit_cache')}")
     elif cpu:
         sizes = cpu.get("ceiling_sizes")
         how = "given" if sizes == "given" else f"numpy fp32 a @ b.T, best over squares {sizes}"

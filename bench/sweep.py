@@ -124,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-precompile", action="store_true", help="cpu: compile in each shape's untimed warm-up")
     p.add_argument("--ceiling-gflops", type=float, default=None, help="cpu: use this ceiling instead of measuring")
     p.add_argument("--bandwidth-gbs", type=float, default=None, help="cpu: use this bandwidth instead of measuring")
+    p.add_argument("--plan-only", action="store_true",
+                   help="cpu: print the estimated time of the pending shapes (and --budget-hours' plan), run nothing")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="cpu: run the shapes on this Dask scheduler (tcp://HOST:8786); workers need --resources "
                         "timing=1 (the distributed extra)")
@@ -153,6 +155,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--scheduler/--local-cluster run the cpu mode; --mode model needs neither")
     if args.local_cluster is not None and args.local_cluster < 1:
         parser.error(f"--local-cluster must be >= 1, got {args.local_cluster}")
+    if args.plan_only and args.mode == "model":
+        parser.error("--plan-only estimates the cpu mode; use --mode cpu")
     if args.spread_tol < 0:
         parser.error(f"--spread-tol must be >= 0, got {args.spread_tol}")
     for name in ("ceiling_gflops", "bandwidth_gbs", "max_mem_gb", "target_seconds", "budget_hours"):
@@ -285,6 +289,30 @@ def plan_cpu(args, tasks: list, existing: list[dict], runner) -> tuple:
     return cost, key, plan
 
 
+def print_plan(args, shapes, dtypes, existing, done, runner) -> None:
+    """--plan-only: the estimate of the pending CPU shapes (one machine, and 2 / 4 / 16 of them), and the budget
+    plan; writes nothing."""
+    from _sweep_plan import DEFAULT_COMPILE_S, DEFAULT_RATES_GFLOPS, estimate_total, fit_rates
+
+    tasks = [(dtype, *s) for dtype in dtypes for s in shapes if ("cpu", dtype, *s) not in done]
+    cost, key, plan = plan_cpu(args, tasks, existing, runner)
+
+    compile_s = getattr(runner, "compile_s", DEFAULT_COMPILE_S)
+    total = estimate_total(tasks, cost, key, compile_s=compile_s)
+    fitted = fit_rates(existing)
+    rates = ", ".join(f"{d} stand-in {r['stand_in']:.0f} / numpy {r['baseline']:.0f} GFLOP/s"
+                      f" ({'fitted to ' + str(int(r['rows'])) + ' rows' if 'rows' in r else 'defaults'})"
+                      for d, r in ((d, fitted.get(d, DEFAULT_RATES_GFLOPS)) for d in dtypes))
+    hours = total["seconds"] / 3600
+    print(f"plan: {len(tasks)} (dtype, shape) runs, {total['kernels']} kernels; estimated {hours:.2f} h on one "
+          f"machine ({total['run_s'] / 3600:.2f} h timing at {rates}, warm-up + between --repeats "
+          f"{args.repeats} and --max-repeats {args.max_repeats} pairs within --target-seconds "
+          f"{args.target_seconds}; {total['kernels']} x {compile_s:.1f} s compiling); on 2 / 4 / 16 machines "
+          f"{hours / 2:.2f} / {hours / 4:.2f} / {hours / 16:.2f} h (a perfect split)", file=sys.stderr, flush=True)
+    if args.budget_hours is not None:
+        plan(tasks, 1)
+
+
 def run_cpu(args, shapes, dtypes, writer, existing, done, machine, *, runner=None, cpu_machine=None,
             mem_available=None, result: dict | None = None) -> dict:
     """Time every pending (dtype, shape) (or --budget-hours' subset of them) on this CPU or on a Dask cluster:
@@ -415,6 +443,9 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
     except OSError as e:
         raise ValueError(f"cannot read {results} to resume: {e.strerror or e}") from None
     done = done_keys(existing)
+    if args.plan_only:
+        print_plan(args, shapes, dtypes, existing, done, runner)
+        return {"plan_only": True}
     machine: dict = {"chip": [], "cpu": None}
     cpu_run: dict = {}
     started = time.time()

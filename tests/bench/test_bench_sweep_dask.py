@@ -189,6 +189,10 @@ def test_cluster_options_are_checked():
                 ["--spread-tol", "-0.1"], ["--budget-hours", "0"]):
         with pytest.raises(SystemExit):
             sweep.parse_args(bad)
+    text = sweep.build_parser().format_help()
+    for option in ("--scheduler", "--local-cluster", "--worker-cache-dir", "--spread-tol", "--budget-hours",
+                   "--plan-only", "--target-seconds"):
+        assert option in text
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -298,6 +302,18 @@ def test_budget_run_says_so_in_the_summary(tmp_path):
     assert f"planned {len(ran)} of the {len(shapes)} pending (dtype, shape) runs, a stratified subset" in text
 
 
+def test_plan_only_estimates_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    got = sweep.run(["--mode", "cpu", "--dtype", "bf16", "--runner", "numpy", "--out", str(out), "--plan-only",
+                     "--budget-hours", "0.5"])
+    assert got == {"plan_only": True} and not out.exists()
+    err = capsys.readouterr().err
+    tasks = [("bf16", *s) for s in sweep.shapes_mod.all_shapes()]
+    hours = _sweep_plan.estimate_total(tasks, _cost, lambda t: t, compile_s=0.0)["seconds"] / 3600
+    assert f"plan: 1055 (dtype, shape) runs, 1055 kernels; estimated {hours:.2f} h on one machine" in err
+    assert "budget 0.5 h on 1 machine(s):" in err and "fp8" not in err
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The ceiling
 # ---------------------------------------------------------------------------------------------------------------
@@ -339,6 +355,31 @@ def test_worker_cache_dir_choice(monkeypatch, tmp_path):
     path, how = _sweep_dask.worker_cache_dir(None, "host.x", "tcp://10.0.0.1:4000")
     assert how == "per worker" and Path(path).name == "host.x-tcp_10.0.0.1_4000"
     assert _sweep_dask.worker_cache_dir(None, "host.x", "1")[0] != path
+
+
+def test_workers_on_one_host_share_one_measurement_per_sweep(monkeypatch, tmp_path):
+    import tempfile
+
+    import _sweep_dask
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(_sweep_dask, "_WORKER", {})
+    monkeypatch.setenv("DG_JIT_CACHE_DIR", os.environ["DG_JIT_CACHE_DIR"])  # restored after the test
+    calls = []
+
+    def fake_measure(**kw):
+        calls.append(kw)
+        return {"host": "h", "cpu_model": "c", "peak_gflops": 50.0 + len(calls), "bandwidth_gbs": 5.0}
+
+    monkeypatch.setattr(_sweep_ceiling, "measure_machine", fake_measure)
+    first = _sweep_dask._worker_setup({"token": "t1"}, "0")
+    assert first["measured_by"] == "this worker" and first["peak_gflops"] == 51.0
+    assert _sweep_dask._worker_setup({"token": "t1"}, "0") is first  # once per process and sweep
+    monkeypatch.setattr(_sweep_dask, "_WORKER", {})  # another worker process on the same host
+    second = _sweep_dask._worker_setup({"token": "t1"}, "1")
+    assert second["measured_by"] == "another worker on this host" and second["peak_gflops"] == 51.0
+    third = _sweep_dask._worker_setup({"token": "t2"}, "1")  # the next sweep measures again
+    assert third["measured_by"] == "this worker" and third["peak_gflops"] == 52.0 and len(calls) == 2
 
 
 def test_schema_has_the_new_columns_parsed():
