@@ -67,6 +67,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import shapes as shapes_mod  # noqa: E402
 from _sweep_csv import (  # noqa: E402
+    COLUMNS,
+    STATUSES,
     ResultsWriteError,
     ResultsWriter,
     describe_error,
@@ -401,6 +403,33 @@ def run_cpu(args, shapes, dtypes, writer, existing, done, machine, *, runner=Non
     return result
 
 
+def _cpu_rows_since(path: Path, offset: int) -> list[list]:
+    """[dtype, m, n, k] of each complete cpu row in ``path`` after byte ``offset``, in file order.
+
+    NOTES: read back from the file rather than counted as rows are written, so a Ctrl-C between a row's write and
+    its bookkeeping cannot make the summary disagree with the CSV."""
+    import csv
+    import io
+
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    out = []
+    for cells in csv.reader(io.StringIO(text)):
+        if len(cells) != len(COLUMNS):
+            continue
+        row = dict(zip(COLUMNS, cells, strict=True))
+        if row["mode"] == "cpu" and row["status"] in STATUSES:
+            try:
+                out.append([row["dtype"], int(row["m"]), int(row["n"]), int(row["k"])])
+            except ValueError:
+                continue
+    return out
+
+
 def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machine: dict | None = None,
         mem_available=None) -> dict:
     """Run the sweep the arguments describe and return the summary (also in DIR/summary.json).
@@ -455,6 +484,7 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
         writer = ResultsWriter(results, fresh=not args.resume)
     except ResultsWriteError as e:
         raise ValueError(f"--out {out_dir}: {e}") from None
+    start_offset = results.stat().st_size  # what this invocation wrote starts here
     print(f"sweep: {len(shapes)} shapes x {list(dtypes)} x {list(modes)} -> {results}"
           + (f" (resuming: {len(done)} rows done)" if args.resume else ""), file=sys.stderr, flush=True)
     try:
@@ -486,7 +516,7 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
         "plan": cpu_run.get("plan"),
         # NOTES: exactly which CPU shapes this invocation ran (rows written, in order); rows of earlier runs of a
         # resumed file are in results.csv but not here.
-        "shapes_run": [list(t) for t in cpu_run.get("shapes_run", [])],
+        "shapes_run": _cpu_rows_since(results, start_offset),
     }
     if stopped:
         run_info["stopped"] = stopped
