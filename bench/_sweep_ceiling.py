@@ -1,6 +1,6 @@
 """This machine's roofline for the CPU sweep: who it is (host, CPU model), a robust numpy fp32 ceiling (the best of
-several samples, taken when the load average is low when it gets low), the FMA peak of all threads (a numba
-micro-benchmark of independent FMAs) and the copy bandwidth.
+several samples, taken when the load average is low when it gets low), the FMA peak of all threads (deep_gemm.testing's
+micro-benchmark of independent FMAs, many short runs) and the copy bandwidth.
 
 Measures only; the sweep decides which figure normalises its rows (the numpy ceiling, or --ceiling-gflops).
 """
@@ -8,32 +8,24 @@ Measures only; the sweep decides which figure normalises its rows (the numpy cei
 from __future__ import annotations
 
 import os
-import platform
 import socket
 import time
 from collections.abc import Callable, Iterable
 
 import numpy as np
 
-# NOTES: 128 fp32 accumulators per thread = 16 AVX2 (8 AVX-512) vector registers of independent FMA chains, enough to
-# cover the FMA latency (4-5 cycles) on two FMA ports; fewer lanes measured latency, not throughput (64 lanes gave
-# 0.8x of 128 on the project's machine).
-FMA_LANES = 128
+# NOTES: the FMA peak is deep_gemm.testing's (the one perf_check reports), run as many short runs: a parallel run
+# lasts as long as its slowest thread, so on a shared machine a long run always contains someone else's time slice
+# (under a load of 10 on 2 cores, 0.2 s runs read 48 GFLOP/s where 3 ms runs found 290).
+FMA_RUN_SECONDS = 0.005
+FMA_REPEATS = 60
 
 
 def machine_identity() -> dict:
     """{"host": hostname, "cpu_model": the CPU's model name (/proc/cpuinfo, else platform), "cpu_count": logical}."""
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"host": socket.gethostname(), "cpu_model": model or platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count() or 1}
+    from deep_gemm.testing.machine import cpu_model
+
+    return {"host": socket.gethostname(), "cpu_model": cpu_model(), "cpu_count": os.cpu_count() or 1}
 
 
 def load_average() -> float | None:
@@ -114,51 +106,15 @@ def measure_ceiling(sizes: Iterable[int] = (1024, 2048, 3072, 4096), *, samples:
             "load_threshold": threshold, "sizes": sizes}
 
 
-def _fma_kernel():
-    """The numba FMA micro-kernel, compiled on first use (numba is a dependency of deep_gemm anyway)."""
-    from numba import njit, prange
+def measure_fma_peak(seconds: float = FMA_RUN_SECONDS, repeats: int = FMA_REPEATS) -> dict:
+    """The machine's fp32 FMA peak (deep_gemm.testing.measure_fma_peak: independent vector FMA chains on every CPU
+    thread at once), best of ``repeats`` runs of about ``seconds``. Returns {"fma_peak_gflops" (all threads),
+    "fma_peak_one_thread_gflops", "threads", "vector_bits"}; an upper bound no GEMM on this machine can beat."""
+    from deep_gemm.testing.machine import measure_fma_peak as fma_peak
 
-    lanes = FMA_LANES
-
-    @njit(parallel=True, fastmath=True, cache=False)
-    def fma_chains(n_iter, n_threads):
-        out = np.zeros(n_threads, np.float32)
-        for t in prange(n_threads):
-            acc = np.empty(lanes, np.float32)
-            for j in range(lanes):
-                acc[j] = np.float32(1.0) + np.float32(t * 1e-7 + j * 1e-9)
-            x = np.float32(0.9999999)
-            y = np.float32(1e-8)
-            for _ in range(n_iter):
-                for j in range(lanes):
-                    acc[j] = acc[j] * x + y
-            s = np.float32(0.0)
-            for j in range(lanes):
-                s += acc[j]
-            out[t] = s
-        return out
-
-    return fma_chains
-
-
-def measure_fma_peak(n_iter: int = 1 << 20, repeats: int = 100) -> dict:
-    """The machine's fp32 FMA peak: ``FMA_LANES`` independent multiply-add chains per thread on every numba thread
-    (one per logical CPU by default), ``n_iter`` steps each, 2 FLOP per FMA, best of ``repeats`` runs.
-
-    NOTES: short runs, many of them, of a fixed size: a parallel run lasts as long as its slowest thread, so on a
-    shared machine a long run always contains someone else's time slice and reads low (0.5 s runs read 20-35
-    GFLOP/s under a load of 8 where ~3 ms runs found 160), and sizing the run from a timed probe fails the same
-    way. 2^20 steps are ~3 ms per thread at AVX2 speed, whatever the thread count.
-
-    Returns {"fma_peak_gflops", "threads", "lanes"}; an upper bound no GEMM on this machine can beat."""
-    import numba
-
-    kernel = _fma_kernel()
-    threads = numba.get_num_threads()
-    kernel(10, threads)  # compile
-    best = min(_timed(lambda: kernel(n_iter, threads)) for _ in range(repeats))
-    return {"fma_peak_gflops": 2 * FMA_LANES * n_iter * threads / best / 1e9, "threads": threads,
-            "lanes": FMA_LANES}
+    got = fma_peak(seconds=seconds, repeats=repeats)
+    return {"fma_peak_gflops": got.gflops, "fma_peak_one_thread_gflops": got.gflops_one_thread,
+            "threads": got.threads, "vector_bits": got.vector_bits}
 
 
 def measure_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> dict:

@@ -336,11 +336,9 @@ def test_ceiling_waits_for_low_load_and_keeps_the_best_sample():
 def test_real_ceiling_fma_peak_and_identity():
     per_size = _sweep_ceiling.numpy_ceiling_sample([128, 256], repeats=1)
     assert set(per_size) == {128, 256} and all(g > 0 for g in per_size.values())
-    fma = _sweep_ceiling.measure_fma_peak(n_iter=1 << 14, repeats=3)
-    import numba
-
-    assert fma["threads"] == numba.get_num_threads() and fma["lanes"] == _sweep_ceiling.FMA_LANES
-    assert 0 < fma["fma_peak_gflops"] < 1e6
+    fma = _sweep_ceiling.measure_fma_peak(seconds=0.002, repeats=3)
+    assert fma["threads"] >= 1 and fma["vector_bits"] in (128, 256, 512)
+    assert 0 < fma["fma_peak_one_thread_gflops"] and 0 < fma["fma_peak_gflops"] < 1e6
     ident = _sweep_ceiling.machine_identity()
     assert ident["host"] and ident["cpu_model"] and ident["cpu_count"] >= 1
 
