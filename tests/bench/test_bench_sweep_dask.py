@@ -119,7 +119,7 @@ def test_ctrl_c_on_the_client_keeps_rows_and_resume_finishes(tmp_path):
         assert proc.poll() is None, "the sweep finished before it could be interrupted: make the shapes slower"
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
-        deadline = time.time() + 20
+        deadline = time.time() + 60  # generous: a loaded CI machine closes a local cluster slowly
         while time.time() < deadline:  # the cluster's processes are gone too
             try:
                 os.killpg(proc.pid, 0)
@@ -127,17 +127,18 @@ def test_ctrl_c_on_the_client_keeps_rows_and_resume_finishes(tmp_path):
                 break
             time.sleep(0.1)
         else:
-            pytest.fail("processes of the interrupted sweep are still running")
+            pytest.fail(f"processes of the interrupted sweep are still running; stderr: {err[-2000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, err[-2000:]
-    assert "rerun with --resume" in err and "Traceback" not in err
+    assert "rerun with --resume" in err and "Traceback" not in err, err[-3000:]
     first = _raw_rows(out)
-    assert 2 <= len(first) < len(shapes)
+    assert 2 <= len(first) < len(shapes), err[-2000:]
     assert len({_key(r) for r in first}) == len(first)
     interrupted = json.loads((out / "summary.json").read_text())["run"]
-    assert interrupted["interrupted"] is True and len(interrupted["shapes_run"]) == len(first)
+    assert interrupted["interrupted"] is True, err[-2000:]
+    assert sorted(map(tuple, interrupted["shapes_run"])) == sorted(_key(r) for r in first)
 
     resumed = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
