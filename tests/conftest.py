@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 
 import numpy as np
@@ -15,6 +16,14 @@ _SESSION_CACHE = None
 if not os.environ.get("DG_JIT_CACHE_DIR"):
     _SESSION_CACHE = tempfile.mkdtemp(prefix="dg-test-cache-")
     os.environ["DG_JIT_CACHE_DIR"] = _SESSION_CACHE
+
+
+# NOTES: a shell starts a background job (and a CI runner may start the suite) with SIGINT ignored, and children
+# inherit an ignored signal; then Python installs no KeyboardInterrupt handler and the Ctrl-C tests would test
+# nothing. Restore Python's default handler here, so this process and every child it starts handle SIGINT as a
+# user's interpreter does.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_sessionfinish(session, exitstatus):
