@@ -154,6 +154,23 @@ def test_m_grouped_contiguous_all_groups_empty_and_expected_m(rng):
     assert calc_diff(d1.astype(np.float64), d2.astype(np.float64)) < 1e-6
 
 
+def test_k_zero_writes_zeros_in_group_rows_only(rng):
+    psum, per_row, m = grouped_layouts([5, 0, 3], extra_rows=2)
+    b = np.zeros((3, N, 0), BF16)
+    d = _garbage(rng, (m, N))
+    before = d.copy()
+    deep_gemm.m_grouped_bf16_gemm_nt_contiguous(np.zeros((m, 0), BF16), b, d, psum, ensure_zero_padding=False)
+    assert not d[per_row >= 0].astype(np.float32).any()
+    assert_bitwise_equal(_bits(d[per_row < 0]), _bits(before[per_row < 0]), "padding untouched")
+    masked_m = np.array([1, 0, 2], np.int32)
+    dm = _garbage(rng, (3, 4, N))
+    before = dm.copy()
+    deep_gemm.m_grouped_bf16_gemm_nt_masked(np.zeros((3, 4, 0), BF16), b, dm, masked_m, 2)
+    for g, mm in enumerate(masked_m):
+        assert not dm[g, :mm].astype(np.float32).any()
+        assert_bitwise_equal(_bits(dm[g, mm:]), _bits(before[g, mm:]), "rows past masked_m")
+
+
 def test_alignment_functions():
     assert deep_gemm.get_mk_alignment_for_contiguous_layout() == 256
     assert deep_gemm.get_theoretical_mk_alignment_for_contiguous_layout() == 256
