@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .checks import check_compiled_dims, check_no_alias, require_array, resolve_recipes
+from .checks import check_compiled_dims, check_dims, check_no_alias, require_array, resolve_recipes
 from .grouped import (
     GroupOperand,
     MGroupedPlan,
@@ -47,6 +47,8 @@ def _plan_bmm(a_arr, sfa, b_arr, sfb, d, c, kinds, recipe, compiled_dims, d_perm
     if op_b.k != k:
         raise ValueError(f"A and B disagree on K: a has K={k}, b has K={op_b.k}")
     n = op_b.mn
+    # NOTES: batch i owns rows [i * M, (i + 1) * M) of the one launch, so the row total is a uint32 index too.
+    check_dims(m=m, n=n, k=k, **{"batch*m": num_batches * m})
     d_logical_shape = (num_batches, m, n)
     inv = np.argsort(d_perm)
     d, out_kind = _check_out(d, tuple(d_logical_shape[i] for i in inv))

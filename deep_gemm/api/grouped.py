@@ -8,6 +8,7 @@ non-empty group over that group's K range) or, for the ``aclnn_*`` references, i
 
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -17,13 +18,18 @@ from .. import runtime
 from ..heuristics.config import layout_problem
 from ..kernels.common import GroupedLayout
 from ..utils.formats import bf16_bits_to_fp32, decode_e2m1, decode_e4m3, fp32_to_bf16_bits, unpack_fp4
-from ..utils.layout import transform_k_grouped_sf_into_required_layout, transform_sf_into_required_layout
+from ..utils.layout import (
+    rebalance_sf_exponents,
+    transform_k_grouped_sf_into_required_layout,
+    transform_sf_into_required_layout,
+)
 from ..utils.math import align, ceil_div
 from .checks import (
     FP32,
     OPERAND_KINDS,
     OUT_KINDS,
     check_compiled_dims,
+    check_dims,
     check_no_alias,
     contiguous_axis,
     require_array,
@@ -259,11 +265,14 @@ class MGroupedPlan:
     c_rows: np.ndarray | None = None  # [rows, N] accumulated into D (copied in before the launch)
     zero_rows: np.ndarray | None = None  # bool [rows]: rows of D to zero (ensure_zero_padding)
     finish: object = None  # callable run after the kernel (copy a temporary back into the caller's D)
+    alpha: float = 1.0  # the kernel's output scale: 2^out_shift after ``rebalance_m_grouped_sf``
     extra: dict = field(default_factory=dict)
 
 
 def run_m_grouped(plan: MGroupedPlan, reference: bool = False) -> object:
     """Write D for a checked plan: the M-grouped kernel (returns its GemmConfig), or float64 numpy per group."""
+    if not reference:
+        rebalance_m_grouped_sf(plan)  # may raise ValueError: before anything is written
     if runtime.get_dry_run() and not reference:
         return _launch(plan)
     if plan.c_rows is not None and plan.c_rows is not plan.d_rows:
@@ -278,13 +287,61 @@ def run_m_grouped(plan: MGroupedPlan, reference: bool = False) -> object:
     return config
 
 
+def _live_rows(plan: MGroupedPlan) -> np.ndarray:
+    """int64 indices of the rows of A the kernel reads (every group's real rows; no padding, nothing past
+    masked_m[g])."""
+    rows = np.clip(plan.group_rows.astype(np.int64), 0, plan.max_group_rows)
+    starts = plan.group_start.astype(np.int64)
+    if not rows.any():
+        return np.zeros(0, np.int64)
+    return np.concatenate([np.arange(s, s + r) for s, r in zip(starts.tolist(), rows.tolist(), strict=True) if r])
+
+
+def rebalance_m_grouped_sf(plan: MGroupedPlan) -> None:
+    """Make every (A row, B row of its group) scale pair the kernel meets exact in the stand-in's fp32, as the dense
+    path does: A's live rows against the B scales of every non-empty group side by side (a per-block shift c added
+    to A's bytes and taken off all B bytes keeps every product bit-identical, whatever the pairing); a non-zero
+    out_shift goes into ``plan.alpha``. Rows the kernel never reads (padding, past masked_m) are left as they are.
+    Raises ``rebalance_sf_exponents``'s ValueError (naming the K block and row) when no exact split exists."""
+    if plan.sfa is None or plan.k == 0 or plan.n == 0 or plan.extra.get("rebalanced"):
+        return
+    plan.extra["rebalanced"] = True
+    # NOTES: alpha is 1.0 on the grouped paths, so alpha * 2^s stays finite in fp32 up to s = 126.
+    max_shift = 126
+    num_groups, pairs, n = plan.b.num_groups, ceil_div(plan.k, 64), plan.n
+    rows = _live_rows(plan)
+    groups = np.flatnonzero(np.clip(plan.group_rows.astype(np.int64), 0, plan.max_group_rows) > 0)
+    if rows.size == 0 or groups.size == 0:
+        return
+    sfa_live = np.ascontiguousarray(plan.sfa[:, rows])
+    sfb3 = plan.sfb.reshape(num_groups, pairs, n)
+    sfb_side = np.ascontiguousarray(sfb3[groups].transpose(1, 0, 2)).reshape(pairs, groups.size * n)
+    try:
+        new_a, new_b, shift = rebalance_sf_exponents(sfa_live, sfb_side, plan.k, plan.a_kind, plan.b.kind, max_shift)
+    except ValueError as e:
+        # NOTES: the message indexes the side-by-side arrays; name the caller's A row and (group, B row) instead.
+        msg = re.sub(r"sfa\[(\d+), ", lambda mt: f"sfa[row {int(rows[int(mt.group(1))])}, ", str(e))
+        msg = re.sub(r"sfb\[(\d+), ",
+                     lambda mt: f"sfb[group {int(groups[int(mt.group(1)) // n])}, row {int(mt.group(1)) % n}, ", msg)
+        raise ValueError(f"{msg} (grouped: A's rows are checked against the B scales of every non-empty group)") \
+            from None
+    if new_a is sfa_live and new_b is sfb_side and not shift:
+        return
+    sfa = plan.sfa.copy()
+    sfa[:, rows] = new_a
+    sfb = sfb3.copy()
+    sfb[groups] = new_b.reshape(pairs, groups.size, n).transpose(1, 0, 2)
+    plan.sfa, plan.sfb = sfa, np.ascontiguousarray(sfb.reshape(num_groups * pairs, n))
+    plan.alpha = float(np.ldexp(1.0, shift))
+
+
 def _launch(plan: MGroupedPlan):
     if plan.model_m == 0 or plan.n == 0 or plan.k == 0:
         return None
     layout = GroupedLayout(plan.group_start, plan.group_rows, plan.max_group_rows, plan.b.group_stride,
                            plan.sfb.size // plan.b.num_groups if plan.sfb is not None else 0)
     d = plan.d_rows.view(np.uint16) if plan.out_kind == "bf16" else plan.d_rows
-    common = dict(with_accumulation=plan.with_accumulation, alpha=1.0, compiled_dims=plan.compiled_dims,
+    common = dict(with_accumulation=plan.with_accumulation, alpha=plan.alpha, compiled_dims=plan.compiled_dims,
                   gemm_type=plan.gemm_type, num_groups=plan.model_groups, grouped=layout)
     if plan.a_kind == "bf16":
         from ..kernels.bf16_gemm import launch_bf16_gemm
@@ -398,6 +455,7 @@ def plan_m_grouped_contiguous(a, b, d, grouped_layout, *, kinds, nn, recipe=None
         raise ValueError(f"b must hold at least one group, got b.shape={op_b.phys.shape} (G=0)")
     if op_b.k != k:
         raise ValueError(f"A and B disagree on K: a has K={k}, b has K={op_b.k} (a.shape={a_arr.shape})")
+    check_dims(m=m, n=n, k=k)
     d, out_kind = _check_out(d, (m, n))
     d_rows = _rows_view(d)
     check_no_alias(d, a=a_arr, b=op_b.phys, sfa=sfa, sfb=sfb, grouped_layout=grouped_layout)
@@ -474,6 +532,8 @@ def plan_m_grouped_masked(a, b, d, masked_m, expected_m, *, kinds, recipe=None, 
     if op_b.k != k:
         raise ValueError(f"A and B disagree on K: a has K={k}, b has K={op_b.k}")
     n = op_b.mn
+    # NOTES: the masked schedule indexes A's and D's rows as g * max_m + row, so the total must fit a uint32 too.
+    check_dims(max_m=max_m, n=n, k=k, **{"num_groups*max_m": num_groups * max_m})
     d, out_kind = _check_out(d, (num_groups, max_m, n))
     d_rows = _rows_view(d)
     check_no_alias(d, a=a_arr, b=b_arr, sfa=sfa, sfb=sfb, masked_m=masked_m)
@@ -618,6 +678,7 @@ class KGroupedPlan:
     k_start: np.ndarray
     ks: np.ndarray
     compiled_dims: str
+    group_sf: dict | None = None  # {g: (sfa, sfb, alpha)} after ``_rebalance_k_groups`` (kernel path only)
 
     def group_phys(self, g: int, which: str) -> np.ndarray:
         """Physical storage of group g's slice of A or B (rows of MN-major storage, columns of K-major)."""
@@ -647,6 +708,7 @@ def plan_k_grouped(a, b, d, ks_cpu, grouped_layout, c, *, kind, recipe=(1, 1, 32
         raise ValueError(f"A and B disagree on K_total: a.shape={a_arr.shape} b.shape={b_arr.shape}")
     k_total, m = a_arr.shape
     n = b_arr.shape[1]
+    check_dims(m=m, n=n, k_total=k_total)
     if not isinstance(grouped_layout, np.ndarray):
         raise TypeError(f"grouped_layout must be a numpy.ndarray of int32, got {type(grouped_layout).__name__}")
     if grouped_layout.ndim != 1 or grouped_layout.size == 0:
@@ -721,6 +783,8 @@ def run_k_grouped(plan: KGroupedPlan, reference: bool = False):
         return None
     config = None
     live = [g for g in range(len(plan.ks)) if plan.ks[g] > 0]
+    if not reference:
+        _rebalance_k_groups(plan, live)  # may raise ValueError: before anything is written
     if not reference and live:
         num_ai_cores, arch = runtime.get_num_ai_cores(), runtime.get_arch_spec()
         desc = GemmDesc(m=m, n=n, k=max(int(plan.ks.sum()), len(live)), a_dtype=plan.kind, b_dtype=plan.kind,
@@ -749,13 +813,36 @@ def run_k_grouped(plan: KGroupedPlan, reference: bool = False):
     return config
 
 
+def _rebalance_k_groups(plan: KGroupedPlan, live: list[int]) -> None:
+    """Per group (one launch each), ``rebalance_sf_exponents`` on that group's K blocks of sfa and sfb: exact fp32
+    math in the stand-in for any representable scale pair, or its ValueError naming the group, K block and row.
+    Fills ``plan.group_sf`` {g: (sfa, sfb, alpha)} for the launches."""
+    if plan.sfa is None or plan.group_sf is not None:
+        return
+    out = {}
+    for g in live:
+        k0, kg = int(plan.k_start[g]), int(plan.ks[g])
+        sl = slice(k0 // 64, k0 // 64 + ceil_div(kg, 64))
+        try:
+            sfa, sfb, shift = rebalance_sf_exponents(plan.sfa[sl], plan.sfb[sl], kg, plan.kind, plan.kind, 126)
+        except ValueError as e:
+            raise ValueError(f"group {g} (K {k0}..{k0 + kg - 1}; its K blocks counted from its start): {e}") from None
+        out[g] = (sfa, sfb, float(np.ldexp(1.0, shift)))
+    plan.group_sf = out
+
+
 def _k_group_launch(plan: KGroupedPlan, g: int, config) -> None:
     # NOTES: one launch per non-empty group of the dense schedule over that group's K range, accumulating into
     # D[g] (K is a runtime dim, so every group shares one kernel; the config is the K-grouped problem's).
     k0, kg = int(plan.k_start[g]), int(plan.ks[g])
     a_g, b_g = plan.group_phys(g, "a"), plan.group_phys(g, "b")
     d_g = plan.d[g]
-    common = dict(with_accumulation=True, alpha=1.0, compiled_dims=plan.compiled_dims, config=config)
+    alpha = 1.0
+    sfa = sfb = None
+    if plan.sfa is not None:
+        sl = slice(k0 // 64, k0 // 64 + ceil_div(kg, 64))
+        sfa, sfb, alpha = (plan.group_sf or {}).get(g, (plan.sfa[sl], plan.sfb[sl], 1.0))
+    common = dict(with_accumulation=True, alpha=alpha, compiled_dims=plan.compiled_dims, config=config)
     if plan.kind == "bf16":
         from ..kernels.bf16_gemm import launch_bf16_gemm
 
@@ -763,8 +850,7 @@ def _k_group_launch(plan: KGroupedPlan, g: int, config) -> None:
         return
     from ..kernels.fp8_gemm import launch_fp8_gemm
 
-    sl = slice(k0 // 64, k0 // 64 + ceil_div(kg, 64))
-    launch_fp8_gemm(a_g, plan.major_a, "fp8", plan.sfa[sl], b_g, plan.major_b, "fp8", plan.sfb[sl], d_g, plan.m,
+    launch_fp8_gemm(a_g, plan.major_a, "fp8", sfa, b_g, plan.major_b, "fp8", sfb, d_g, plan.m,
                     plan.n, kg, **common)
 
 
