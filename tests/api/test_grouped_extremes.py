@@ -223,3 +223,18 @@ def test_grouped_dims_beyond_uint32_are_refused(tmp_path):
         with pytest.raises(ValueError, match=f"{name} exceeds 4294967295 .* uint32"):
             call()
         assert (d == 3.0).all() and (d3 == 3.0).all()
+
+
+def test_fp8_bmm_extreme_scale_pairs_are_exact(rng):
+    # test_grouped.py's bmm shape: 3 batches of 20 x 64 x 256, bf16 D; batch i's A at 2^127, its B at 2^-127
+    nb, m = 3, 20
+    a, b = random_fp8_codes(rng, (nb, m, K)), random_fp8_codes(rng, (nb, N, K))
+    exps_a, exps_b = np.full((nb, m, K // 32), 127), np.full((nb, N, K // 32), -127)
+    d = np.zeros((nb, m, N), BF16)
+    deep_gemm.fp8_bmm((a, _sf(exps_a)), (b, _sf(exps_b)), d)
+    exact = np.stack([(_vals(a[i]) * 2.0**127) @ (_vals(b[i]) * 2.0**-127).T for i in range(nb)])
+    assert np.isfinite(_d32(d)).all()
+    assert calc_diff(_d32(d), exact) < 1e-3
+    d_ord = np.zeros((nb, m, N), BF16)
+    deep_gemm.fp8_bmm((a, _sf(np.zeros_like(exps_a))), (b, _sf(np.zeros_like(exps_b))), d_ord)
+    assert_bitwise_equal(d.view(np.uint16), d_ord.view(np.uint16), "extreme vs ordinary pair")
