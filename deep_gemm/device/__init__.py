@@ -19,6 +19,7 @@ from .capacity import (  # noqa: E402
     keeps_a_resident,
     num_mad_tiles,
 )
+from .cast import Cast, CastToUE8M0  # noqa: E402
 from .copy import (  # noqa: E402
     FP4_E2M1_VALUES,
     FP8_E4M3_VALUES,
@@ -28,7 +29,8 @@ from .copy import (  # noqa: E402
     copy_gm_to_l1_sf,
 )
 from .cube import l0a_size, l0b_size, load_l0a, load_l0b, mmad  # noqa: E402
-from .fixpipe import Fixpipe, bf16_bits_to_f32, f32_to_bf16_bits  # noqa: E402
+from .datacopy import DataCopy, DataCopyPad  # noqa: E402
+from .fixpipe import Fixpipe, FixpipeToUB, bf16_bits_to_f32, f32_to_bf16_bits  # noqa: E402
 from .scheduler import (  # noqa: E402
     get_grouped_block,
     get_grouped_num_tiles,
@@ -38,6 +40,26 @@ from .scheduler import (  # noqa: E402
 )
 from .sync import NUM_EVENT_IDS, PipeBarrier, SetFlag, WaitFlag  # noqa: E402
 from .tensor import slot_view, tile_view  # noqa: E402
+from .vector import (  # noqa: E402
+    Abs,
+    Add,
+    Adds,
+    Compare,
+    Div,
+    Duplicate,
+    Exp,
+    Max,
+    Maxs,
+    Min,
+    Mins,
+    Mul,
+    Muls,
+    ReduceMax,
+    ReduceSum,
+    Relu,
+    Select,
+    Sub,
+)
 
 # Intrinsics a template may call (the translator resolves calls against this list).
 __all__ = [
@@ -45,8 +67,13 @@ __all__ = [
     "copy_gm_to_l1_fp8", "copy_gm_to_l1_fp4", "copy_gm_to_l1_bf16", "copy_gm_to_l1_sf",
     # MTE1 + Cube (device/cube.py)
     "l0a_size", "l0b_size", "load_l0a", "load_l0b", "mmad",
-    # FixPipe: L0C -> GM
-    "Fixpipe",
+    # FixPipe: L0C -> GM, L0C -> UB
+    "Fixpipe", "FixpipeToUB",
+    # AIV: GM <-> UB (MTE2 / MTE3)
+    "DataCopy", "DataCopyPad",
+    # AIV: Vector unit (device/vector.py, device/cast.py)
+    "Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Maxs", "Mins", "Abs", "Exp", "Relu", "Duplicate",
+    "Compare", "Select", "ReduceMax", "ReduceSum", "Cast", "CastToUE8M0",
     # Pipe synchronisation
     "SetFlag", "WaitFlag", "PipeBarrier",
     # Scheduler

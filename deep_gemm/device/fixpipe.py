@@ -83,3 +83,38 @@ def Fixpipe(gm_d, stride_d, l0c, row0, col0, num_rows, num_cols, m, n, alpha, wi
         base = (row0 + i) * stride_d + col0
         for j in range(cols):
             _store_out(gm_d, base + j, scale * l0c[i, j], with_accumulation)
+
+
+def _store_ub(ub, i, j, value):
+    """Store one fp32 accumulator into a UB tile of fp32 (as is) or uint16 (bf16 bits, RNE) (numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_store_ub)
+def _store_ub_impl(ub, i, j, value):
+    if not isinstance(ub, types.Array):
+        return None
+    if ub.dtype == types.uint16:
+        def store_bf16(ub, i, j, value):
+            ub[i, j] = f32_to_bf16_bits(value)
+        return store_bf16
+    if ub.dtype == types.float32:
+        def store_f32(ub, i, j, value):
+            ub[i, j] = value
+        return store_f32
+    return None
+
+
+@njit(cache=True)
+def FixpipeToUB(ub, l0c, num_rows, num_cols):  # noqa: N802
+    """Fixpipe L0C -> UB (Ascend 950's asc_copy_l0c2ub, NZ -> ND): hand an accumulator tile to an AIV.
+
+    ub: 2-D UB tile, fp32 (copied exactly) or uint16 (bf16 bits, F322BF16: round to nearest even).
+    l0c: fp32 [>= num_rows, >= num_cols]. Writes ub[i, j] = l0c[i, j] for i < num_rows, j < num_cols; the rest of
+    the UB tile is not touched. Raises IndexError when the block exceeds either tile.
+    """
+    if num_rows > ub.shape[0] or num_cols > ub.shape[1] or num_rows > l0c.shape[0] or num_cols > l0c.shape[1]:
+        raise IndexError("FixpipeToUB: the block exceeds the UB or L0C tile", num_rows, num_cols)
+    for i in range(num_rows):
+        for j in range(num_cols):
+            _store_ub(ub, i, j, l0c[i, j])

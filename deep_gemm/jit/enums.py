@@ -21,6 +21,13 @@ SCOPED: dict[str, dict[str, int]] = {
                  "Batched": 3},
     "TPosition": {name: i for i, name in enumerate(
         "GM A1 B1 A2 B2 C1 C2 CO1 CO2 VECIN VECOUT VECCALC TSCM".split())},
+    # Vector unit (device/vector.py, device/cast.py)
+    "CMPMODE": {name: i for i, name in enumerate("LT GT EQ LE GE NE".split())},
+    "SELMODE": {"VSEL_CMPMASK_SPR": 0, "VSEL_TENSOR_SCALAR_MODE": 1, "VSEL_TENSOR_TENSOR_MODE": 2},
+    "RoundMode": {name: i for i, name in enumerate(
+        "CAST_NONE CAST_RINT CAST_FLOOR CAST_CEIL CAST_ROUND CAST_TRUNC CAST_ODD".split())},
+    # Reduce the last axis (one result per row) or the first (one per column)
+    "ReducePattern": {"AR": 0, "RA": 1},
     "pipe_t": {},  # filled below: PIPE_* are also reachable as pipe_t::PIPE_*
 }
 
@@ -55,4 +62,8 @@ HardEvent = _Namespace(SCOPED["HardEvent"])
 Major = _Namespace(SCOPED["Major"])
 GemmType = _Namespace(SCOPED["GemmType"])
 TPosition = _Namespace(SCOPED["TPosition"])
+CMPMODE = _Namespace(SCOPED["CMPMODE"])
+SELMODE = _Namespace(SCOPED["SELMODE"])
+RoundMode = _Namespace(SCOPED["RoundMode"])
+ReducePattern = _Namespace(SCOPED["ReducePattern"])
 PIPE = _Namespace({k[len("PIPE_"):]: v for k, v in BARE.items()})

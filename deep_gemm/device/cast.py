@@ -1,0 +1,132 @@
+"""Vector-unit casts (Ascend C ``Cast``) with the chip's rounding: fp32 -> bf16 round-to-nearest-even, fp32 -> FP8
+e4m3 round-to-nearest-even with saturation, fp32 -> UE8M0 exponent bytes, and the exact widenings back to fp32.
+
+The stand-in holds bf16 as uint16 bits and FP8 / UE8M0 as uint8 codes, so the destination's dtype picks the format
+(uint16: bf16, uint8: e4m3); UE8M0 shares uint8 with e4m3 and has its own entry point, CastToUE8M0. Decodes are the
+GM -> L1 path's (_bits.py), bf16 rounding is Fixpipe's (fixpipe.py), so every path of the stand-in rounds alike.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
+from ..jit import enums
+from ..jit.numba_setup import apply_numba_settings
+from ._bits import decode_bf16, decode_e4m3, f32_to_bits
+from .fixpipe import f32_to_bf16_bits
+from .vector import as_rows, check_count, check_same_shape
+
+# NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
+apply_numba_settings()
+
+CAST_NONE, CAST_RINT, CAST_FLOOR, CAST_CEIL, CAST_ROUND, CAST_TRUNC = (
+    enums.lookup("RoundMode", n) for n in ("CAST_NONE", "CAST_RINT", "CAST_FLOOR", "CAST_CEIL", "CAST_ROUND",
+                                           "CAST_TRUNC"))
+E4M3_MAX_CODE = 0x7E  # 448.0
+
+
+@njit(cache=True)
+def f32_to_e4m3_sat(x):
+    """FP8 e4m3fn code (uint8) of the float32 ``x``: round to nearest even, |x| >= 448 (Inf included) saturates to
+    +-448 (code 0x7E / 0xFE), NaN -> 0x7F with x's sign. Equals ml_dtypes' cast of clip(x, -448, 448)."""
+    bits = f32_to_bits(np.float32(x))
+    sign = np.uint32((bits >> 24) & 0x80)
+    mag = bits & np.uint32(0x7FFFFFFF)
+    if mag > 0x7F800000:
+        return np.uint8(sign | 0x7F)
+    if mag >= 0x43E00000:  # 448.0
+        return np.uint8(sign | E4M3_MAX_CODE)
+    if mag < 0x3C800000:  # below 2^-6, the smallest normal: code = RNE(|x| * 2^9), 0..8 (8 is 2^-6 itself)
+        v = np.float32(abs(np.float32(x))) * np.float32(512.0)
+        q = np.uint32(v)
+        frac = v - np.float32(q)
+        if frac > 0.5 or (frac == 0.5 and (q & 1) == 1):
+            q += 1
+        return np.uint8(sign | q)
+    # NOTES: keep 3 of fp32's 23 mantissa bits with round-half-even (add 0x7FFFF + the kept LSB, truncate), then
+    # re-bias the exponent from 127 to 7. A carry out of the mantissa bumps the exponent, as it should; < 448 here,
+    # so the result never passes 0x7E.
+    rounded = (mag + np.uint32(0x7FFFF) + ((mag >> 20) & 1)) >> 20
+    return np.uint8(sign | (rounded - np.uint32(120 << 3)))
+
+
+@njit(cache=True)
+def f32_to_ue8m0(x, round_mode):
+    """UE8M0 exponent byte of |x| (float32): CAST_CEIL rounds up to a power of two (biased exponent + 1 when any
+    mantissa bit is set, clamped to [1, 254]: deep_gemm.utils.ceil_to_ue8m0); CAST_TRUNC / CAST_FLOOR take the
+    exponent field as it is (DeepGEMM-Ascend's transform_sf of exact powers of two)."""
+    bits = f32_to_bits(np.float32(x)) & np.uint32(0x7FFFFFFF)
+    exp = np.int64(bits >> 23)
+    if round_mode == CAST_CEIL:
+        if bits & 0x7FFFFF:
+            exp += 1
+        return np.uint8(min(max(exp, 1), 254))
+    if round_mode == CAST_TRUNC or round_mode == CAST_FLOOR:
+        return np.uint8(exp)
+    raise ValueError("CastToUE8M0: round_mode must be CAST_CEIL, CAST_FLOOR or CAST_TRUNC", round_mode)
+
+
+def _convert(src_value, dst, round_mode):
+    """One element of Cast (numba-only; the overload picks the conversion from the value and dst dtypes)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_convert)
+def _convert_impl(src_value, dst, round_mode):
+    out = dst.dtype
+    if src_value == types.float32 and out == types.uint16:
+        def to_bf16(src_value, dst, round_mode):
+            if round_mode != CAST_RINT:
+                raise ValueError("Cast fp32 -> bf16 supports RoundMode::CAST_RINT only", round_mode)
+            return f32_to_bf16_bits(src_value)
+        return to_bf16
+    if src_value == types.float32 and out == types.uint8:
+        def to_e4m3(src_value, dst, round_mode):
+            if round_mode != CAST_RINT:
+                raise ValueError("Cast fp32 -> fp8 e4m3 supports RoundMode::CAST_RINT only", round_mode)
+            return f32_to_e4m3_sat(src_value)
+        return to_e4m3
+    if src_value == types.uint8 and out == types.float32:
+        return lambda src_value, dst, round_mode: decode_e4m3(src_value)
+    if src_value == types.uint16 and out == types.float32:
+        return lambda src_value, dst, round_mode: decode_bf16(src_value)
+    if src_value == out:
+        return lambda src_value, dst, round_mode: src_value
+    return None
+
+
+@njit(cache=True)
+def Cast(dst, src, round_mode, count):  # noqa: N802
+    """Cast(dst, src, RoundMode::X, count) on the first ``count`` elements; the format comes from the dtypes:
+
+    fp32 -> uint16 (bf16 bits), CAST_RINT: round to nearest even (Fixpipe's rounding; NaN -> quiet NaN, overflow ->
+    Inf). fp32 -> uint8 (e4m3 codes), CAST_RINT: round to nearest even, saturating at +-448, NaN -> 0x7F | sign.
+    uint8 e4m3 codes -> fp32 and uint16 bf16 bits -> fp32: exact (any mode; CAST_NONE by convention).
+    Same dtype: a copy. Shapes as for the vector instructions (vector.py).
+    """
+    d = as_rows(dst)
+    s = as_rows(src)
+    check_same_shape(d, s)
+    full, rest = check_count(d, count)
+    for i in range(full):
+        for j in range(d.shape[1]):
+            d[i, j] = _convert(s[i, j], d, round_mode)
+    for j in range(rest):
+        d[full, j] = _convert(s[full, j], d, round_mode)
+
+
+@njit(cache=True)
+def CastToUE8M0(dst, src, round_mode, count):  # noqa: N802
+    """Cast(dst, src, ...) to fp8_e8m0_t: the UE8M0 exponent byte (uint8 ``dst``) of each fp32 ``src`` element, see
+    f32_to_ue8m0 for the modes (CAST_CEIL: the power of two at or above |x|, as the per-token cast's scales)."""
+    d = as_rows(dst)
+    s = as_rows(src)
+    check_same_shape(d, s)
+    full, rest = check_count(d, count)
+    for i in range(full):
+        for j in range(d.shape[1]):
+            d[i, j] = f32_to_ue8m0(s[i, j], round_mode)
+    for j in range(rest):
+        d[full, j] = f32_to_ue8m0(s[full, j], round_mode)

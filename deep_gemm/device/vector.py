@@ -1,0 +1,419 @@
+"""The Vector unit of an AIV (PIPE_V): elementwise, tensor-scalar, compare / select and reduction instructions on
+Unified Buffer (UB) tensors, named after their Ascend C APIs. Casts live in cast.py, GM <-> UB copies in datacopy.py.
+
+A UB tensor is a 1-D or 2-D numpy array (a ``LocalTensor`` or a view of one). Like Ascend C, every instruction takes
+``count``: it touches the first ``count`` elements of ``dst`` in row-major order (all elements: rows * cols) and reads
+the sources at the same (row, col). Sources and ``dst`` must have the same shape; a bad shape or count raises
+ValueError. Arithmetic is in the dtype of ``dst`` (fp32 for the epilogues), one rounding per instruction, no
+fast-math: NaN and Inf propagate as numpy's ufuncs propagate them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, types
+from numba.extending import overload
+
+from ..jit import enums
+from ..jit.numba_setup import apply_numba_settings
+
+# NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
+apply_numba_settings()
+
+CMP_LT, CMP_GT, CMP_EQ, CMP_LE, CMP_GE, CMP_NE = (enums.lookup("CMPMODE", n) for n in ("LT", "GT", "EQ", "LE", "GE",
+                                                                                          "NE"))
+SEL_TENSOR_SCALAR = enums.lookup("SELMODE", "VSEL_TENSOR_SCALAR_MODE")
+SEL_TENSOR_TENSOR = enums.lookup("SELMODE", "VSEL_TENSOR_TENSOR_MODE")
+REDUCE_AR = enums.lookup("ReducePattern", "AR")
+REDUCE_RA = enums.lookup("ReducePattern", "RA")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shared plumbing (numba-only helpers, not template-callable)
+
+
+def as_rows(x):
+    """A 2-D view of a UB tensor: a 1-D tensor becomes one row (numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(as_rows)
+def _as_rows_impl(x):
+    if isinstance(x, types.Array) and x.ndim == 2:
+        return lambda x: x
+    if isinstance(x, types.Array) and x.ndim == 1:
+        return lambda x: x[np.newaxis, :]
+    return None
+
+
+def like(arr, value):
+    """``value`` converted to the element type of ``arr`` (numba-only): scalars enter an instruction in dst's dtype,
+    so an fp32 instruction never computes in fp64."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(like)
+def _like_impl(arr, value):
+    if not isinstance(arr, types.Array):
+        return None
+    dtype = arr.dtype
+    return lambda arr, value: dtype(value)
+
+
+def operand(src):
+    """A tensor as 2-D rows, a scalar as itself (numba-only: Select's tensor and scalar modes)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(operand)
+def _operand_impl(src):
+    if isinstance(src, types.Array):
+        return lambda src: as_rows(src)
+    if isinstance(src, (types.Number, types.Boolean)):
+        return lambda src: src
+    return None
+
+
+def is_tensor(x):
+    """True when ``x`` is an array (a compile-time constant in numba code)."""
+    return isinstance(x, np.ndarray)
+
+
+@overload(is_tensor)
+def _is_tensor_impl(x):
+    value = isinstance(x, types.Array)
+    return lambda x: value
+
+
+def check_operand_shape(d, b):
+    """check_same_shape for a tensor operand, nothing for a scalar (numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(check_operand_shape)
+def _check_operand_shape_impl(d, b):
+    if isinstance(b, types.Array):
+        return lambda d, b: check_same_shape(d, b)
+    return lambda d, b: None
+
+
+def element(src, i, j):
+    """``src[i, j]`` of a 2-D tensor, or ``src`` itself for a scalar (numba-only: Select's tensor/scalar modes)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(element)
+def _element_impl(src, i, j):
+    if isinstance(src, types.Array):
+        return lambda src, i, j: src[i, j]
+    if isinstance(src, (types.Number, types.Boolean)):
+        return lambda src, i, j: src
+    return None
+
+
+@njit(cache=True, inline="always")
+def check_count(d, count):
+    """(full rows, columns of the last partial row) that ``count`` elements of the 2-D ``d`` cover."""
+    if count < 0 or count > d.shape[0] * d.shape[1]:
+        raise ValueError("vector instruction: count exceeds the dst tensor", count, d.shape[0] * d.shape[1])
+    cols = d.shape[1]
+    if cols == 0:
+        return 0, 0
+    return count // cols, count % cols
+
+
+@njit(cache=True, inline="always")
+def check_same_shape(d, s):
+    if d.shape[0] != s.shape[0] or d.shape[1] != s.shape[1]:
+        raise ValueError("vector instruction: source and dst shapes differ", s.shape[0], s.shape[1], d.shape[0],
+                         d.shape[1])
+
+
+@njit(cache=True, inline="always")
+def _map1(dst, src, count, fn, scalar):
+    d = as_rows(dst)
+    s = as_rows(src)
+    check_same_shape(d, s)
+    full, rest = check_count(d, count)
+    value = like(d, scalar)
+    for i in range(full):
+        for j in range(d.shape[1]):
+            d[i, j] = fn(s[i, j], value)
+    for j in range(rest):
+        d[full, j] = fn(s[full, j], value)
+
+
+@njit(cache=True, inline="always")
+def _map2(dst, src0, src1, count, fn):
+    d = as_rows(dst)
+    a = as_rows(src0)
+    b = as_rows(src1)
+    check_same_shape(d, a)
+    check_same_shape(d, b)
+    full, rest = check_count(d, count)
+    for i in range(full):
+        for j in range(d.shape[1]):
+            d[i, j] = fn(a[i, j], b[i, j])
+    for j in range(rest):
+        d[full, j] = fn(a[full, j], b[full, j])
+
+
+@njit(cache=True, inline="always")
+def _add(x, y):
+    return x + y
+
+
+@njit(cache=True, inline="always")
+def _sub(x, y):
+    return x - y
+
+
+@njit(cache=True, inline="always")
+def _mul(x, y):
+    return x * y
+
+
+@njit(cache=True, inline="always")
+def _div(x, y):
+    return x / y
+
+
+@njit(cache=True, inline="always")
+def _max(x, y):
+    # NOTES: numpy.maximum's NaN rule: a NaN in either operand gives NaN.
+    return x if (x > y or x != x) else y
+
+
+@njit(cache=True, inline="always")
+def _min(x, y):
+    return x if (x < y or x != x) else y
+
+
+@njit(cache=True, inline="always")
+def _abs(x, unused):
+    return abs(x)
+
+
+@njit(cache=True, inline="always")
+def _exp(x, unused):
+    return math.exp(x)
+
+
+@njit(cache=True, inline="always")
+def _relu(x, zero):
+    return zero if x < zero else x
+
+
+@njit(cache=True, inline="always")
+def _fill(x, value):
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Elementwise: tensor op tensor
+
+
+@njit(cache=True)
+def Add(dst, src0, src1, count):  # noqa: N802
+    """Add(dst, src0, src1, count): dst = src0 + src1 on the first ``count`` elements (one rounding)."""
+    _map2(dst, src0, src1, count, _add)
+
+
+@njit(cache=True)
+def Sub(dst, src0, src1, count):  # noqa: N802
+    """Sub(dst, src0, src1, count): dst = src0 - src1 on the first ``count`` elements."""
+    _map2(dst, src0, src1, count, _sub)
+
+
+@njit(cache=True)
+def Mul(dst, src0, src1, count):  # noqa: N802
+    """Mul(dst, src0, src1, count): dst = src0 * src1 on the first ``count`` elements."""
+    _map2(dst, src0, src1, count, _mul)
+
+
+@njit(cache=True)
+def Div(dst, src0, src1, count):  # noqa: N802
+    """Div(dst, src0, src1, count): dst = src0 / src1 (IEEE division, correctly rounded; float tensors)."""
+    _map2(dst, src0, src1, count, _div)
+
+
+@njit(cache=True)
+def Max(dst, src0, src1, count):  # noqa: N802
+    """Max(dst, src0, src1, count): dst = max(src0, src1) elementwise; NaN in either gives NaN (numpy.maximum)."""
+    _map2(dst, src0, src1, count, _max)
+
+
+@njit(cache=True)
+def Min(dst, src0, src1, count):  # noqa: N802
+    """Min(dst, src0, src1, count): dst = min(src0, src1) elementwise; NaN in either gives NaN (numpy.minimum)."""
+    _map2(dst, src0, src1, count, _min)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tensor op scalar, unary, fill
+
+
+@njit(cache=True)
+def Adds(dst, src, scalar, count):  # noqa: N802
+    """Adds(dst, src, scalar, count): dst = src + scalar (the scalar first converted to dst's dtype)."""
+    _map1(dst, src, count, _add, scalar)
+
+
+@njit(cache=True)
+def Muls(dst, src, scalar, count):  # noqa: N802
+    """Muls(dst, src, scalar, count): dst = src * scalar (the scalar first converted to dst's dtype)."""
+    _map1(dst, src, count, _mul, scalar)
+
+
+@njit(cache=True)
+def Maxs(dst, src, scalar, count):  # noqa: N802
+    """Maxs(dst, src, scalar, count): dst = max(src, scalar); a NaN element stays NaN."""
+    _map1(dst, src, count, _max, scalar)
+
+
+@njit(cache=True)
+def Mins(dst, src, scalar, count):  # noqa: N802
+    """Mins(dst, src, scalar, count): dst = min(src, scalar); a NaN element stays NaN."""
+    _map1(dst, src, count, _min, scalar)
+
+
+@njit(cache=True)
+def Abs(dst, src, count):  # noqa: N802
+    """Abs(dst, src, count): dst = |src| (clears the sign bit of floats, NaN included)."""
+    _map1(dst, src, count, _abs, 0)
+
+
+@njit(cache=True)
+def Exp(dst, src, count):  # noqa: N802
+    """Exp(dst, src, count): dst = e^src in dst's dtype (libm expf for fp32: within 1 ulp of the correctly rounded
+    result; not bit-identical to numpy's own SIMD exp). exp(-inf) = 0, exp(NaN) = NaN, overflow gives Inf."""
+    _map1(dst, src, count, _exp, 0)
+
+
+@njit(cache=True)
+def Relu(dst, src, count):  # noqa: N802
+    """Relu(dst, src, count): dst = src < 0 ? 0 : src (NaN and -0.0 pass through unchanged)."""
+    _map1(dst, src, count, _relu, 0)
+
+
+@njit(cache=True)
+def Duplicate(dst, scalar, count):  # noqa: N802
+    """Duplicate(dst, scalar, count): the first ``count`` elements of dst = scalar (converted to dst's dtype)."""
+    _map1(dst, dst, count, _fill, scalar)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Compare + Select
+
+
+@njit(cache=True, inline="always")
+def _compare(x, y, mode):
+    if mode == CMP_LT:
+        return x < y
+    if mode == CMP_GT:
+        return x > y
+    if mode == CMP_EQ:
+        return x == y
+    if mode == CMP_LE:
+        return x <= y
+    if mode == CMP_GE:
+        return x >= y
+    if mode == CMP_NE:
+        return x != y
+    raise ValueError("Compare: unknown CMPMODE", mode)
+
+
+@njit(cache=True)
+def Compare(dst_mask, src0, src1, cmp_mode, count):  # noqa: N802
+    """Compare(dst_mask, src0, src1, CMPMODE::X, count): bit e of the uint8 ``dst_mask`` (byte e // 8, bit e % 8, e
+    the row-major element index) = src0[e] X src1[e] for e < count; the other bits of the touched bytes are cleared.
+
+    CMPMODE: LT, GT, EQ, LE, GE, NE with IEEE rules (any comparison with NaN is false, except NE which is true).
+    """
+    a = as_rows(src0)
+    b = as_rows(src1)
+    check_same_shape(a, b)
+    full, rest = check_count(a, count)
+    if dst_mask.size * 8 < count:
+        raise ValueError("Compare: dst_mask holds fewer bits than count", dst_mask.size * 8, count)
+    for byte in range((count + 7) // 8):
+        dst_mask[byte] = 0
+    cols = a.shape[1]
+    for e in range(count):
+        i = e // cols
+        j = e - i * cols
+        if _compare(a[i, j], b[i, j], cmp_mode):
+            dst_mask[e >> 3] |= np.uint8(1 << (e & 7))
+
+
+@njit(cache=True)
+def Select(dst, sel_mask, src0, src1, sel_mode, count):  # noqa: N802
+    """Select(dst, sel_mask, src0, src1, SELMODE::X, count): dst[e] = bit e of sel_mask ? src0[e] : src1[e].
+
+    SELMODE::VSEL_TENSOR_TENSOR_MODE: src1 is a tensor shaped like dst; VSEL_TENSOR_SCALAR_MODE: src1 is a scalar
+    (converted to dst's dtype). The mask layout is Compare's.
+    """
+    d = as_rows(dst)
+    a = as_rows(src0)
+    check_same_shape(d, a)
+    full, rest = check_count(d, count)
+    if sel_mask.size * 8 < count:
+        raise ValueError("Select: sel_mask holds fewer bits than count", sel_mask.size * 8, count)
+    if sel_mode != (SEL_TENSOR_TENSOR if is_tensor(src1) else SEL_TENSOR_SCALAR):
+        raise ValueError("Select: SELMODE does not match src1 (a tensor needs VSEL_TENSOR_TENSOR_MODE, a scalar "
+                         "VSEL_TENSOR_SCALAR_MODE)", sel_mode)
+    b = operand(src1)
+    check_operand_shape(d, b)
+    cols = d.shape[1]
+    for e in range(count):
+        i = e // cols
+        j = e - i * cols
+        if (sel_mask[e >> 3] >> (e & 7)) & 1:
+            d[i, j] = a[i, j]
+        else:
+            d[i, j] = like(d, element(b, i, j))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reductions over a 2-D tensor: per row (ReducePattern::AR, reduce the last axis) or per column (::RA)
+
+
+@njit(cache=True, inline="always")
+def _reduce(dst, src, pattern, is_max):
+    if src.ndim != 2 or dst.ndim != 1:
+        raise ValueError("Reduce: src must be 2-D and dst 1-D")
+    rows, cols = src.shape
+    if pattern == REDUCE_AR:
+        if dst.shape[0] < rows:
+            raise ValueError("Reduce AR: dst needs one element per row", dst.shape[0], rows)
+        for i in range(rows):
+            acc = src[i, 0]
+            for j in range(1, cols):
+                acc = _max(acc, src[i, j]) if is_max else acc + src[i, j]
+            dst[i] = acc
+    elif pattern == REDUCE_RA:
+        if dst.shape[0] < cols:
+            raise ValueError("Reduce RA: dst needs one element per column", dst.shape[0], cols)
+        for j in range(cols):
+            dst[j] = src[0, j]
+        for i in range(1, rows):
+            for j in range(cols):
+                dst[j] = _max(dst[j], src[i, j]) if is_max else dst[j] + src[i, j]
+    else:
+        raise ValueError("Reduce: unknown ReducePattern", pattern)
+
+
+@njit(cache=True)
+def ReduceMax(dst, src, pattern):  # noqa: N802
+    """ReduceMax(dst, src, ReducePattern::AR | RA): the maximum of each row (AR: dst[rows]) or of each column (RA:
+    dst[cols]) of the 2-D ``src`` (>= 1 row and column). A NaN in a row (column) makes its result NaN."""
+    _reduce(dst, src, pattern, True)
+
+
+@njit(cache=True)
+def ReduceSum(dst, src, pattern):  # noqa: N802
+    """ReduceSum(dst, src, ReducePattern::AR | RA): the sum of each row (AR) or column (RA) of the 2-D ``src``,
+    accumulated in src's dtype in index order (src[.., 0] + src[.., 1] + ...), one rounding per addition."""
+    _reduce(dst, src, pattern, False)

@@ -1,0 +1,259 @@
+"""AIV intrinsics (deep_gemm.device vector / cast / datacopy / FixpipeToUB) against numpy references: elementwise and
+scalar ops bit-exact, count covering part of a 2-D tile, NaN rules, Compare + Select masks, row / column reductions,
+casts bit-exact with ml_dtypes and deep_gemm.utils (bf16 RNE, e4m3 saturating, UE8M0), strided padded copies."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from deep_gemm import device
+from deep_gemm.jit import enums
+from deep_gemm.utils import ceil_to_ue8m0, encode_e4m3, fp32_to_bf16_bits
+
+RM = enums.RoundMode
+F32 = np.float32
+
+
+def _data(rng, shape, nan=False):
+    x = (rng.standard_normal(shape) * 3).astype(F32)
+    if nan:
+        x.flat[::7] = np.nan
+        x.flat[3::11] = np.inf
+        x.flat[5::13] = -np.inf
+    return x
+
+
+def _bits(x):
+    return np.ascontiguousarray(x).view(np.uint32 if x.dtype == F32 else np.uint8)
+
+
+def _check_partial(got, want, before, count):
+    """The first ``count`` elements (row-major) equal ``want``; the rest equal ``before``."""
+    flat_got, flat_want, flat_before = got.reshape(-1), want.reshape(-1), before.reshape(-1)
+    np.testing.assert_array_equal(_bits(flat_got[:count]), _bits(flat_want[:count].astype(got.dtype)))
+    np.testing.assert_array_equal(_bits(flat_got[count:]), _bits(flat_before[count:]))
+
+
+BINARY = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Max": np.maximum, "Min": np.minimum,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BINARY))
+@pytest.mark.parametrize("shape,count", [((37,), 37), ((5, 12), 60), ((5, 12), 29)])
+def test_binary_ops_bit_exact(rng, name, shape, count):
+    a, b = _data(rng, shape, nan=True), _data(rng, shape)
+    b[b == 0] = 1
+    dst = _data(rng, shape)
+    before = dst.copy()
+    getattr(device, name)(dst, a, b, count)
+    with np.errstate(all="ignore"):
+        want = BINARY[name](a, b)
+    _check_partial(dst, want, before, count)
+
+
+def test_binary_ops_on_strided_views(rng):
+    big = _data(rng, (8, 20))
+    a = big[1:6, 2:14]  # non-contiguous 2-D views, as tile_view makes them
+    b = big[2:7, 5:17]
+    out = np.zeros((10, 30), F32)
+    device.Mul(out[3:8, 4:16], a, b, 60)
+    np.testing.assert_array_equal(out[3:8, 4:16], a * b)
+    assert not out[:3].any() and not out[8:].any() and not out[:, :4].any() and not out[:, 16:].any()
+
+
+SCALAR = {"Adds": np.add, "Muls": np.multiply, "Maxs": np.maximum, "Mins": np.minimum}
+
+
+@pytest.mark.parametrize("name", sorted(SCALAR))
+def test_scalar_ops_round_the_scalar_to_dst_dtype(rng, name):
+    x = _data(rng, (4, 9), nan=True)
+    dst = np.zeros_like(x)
+    scalar = 0.1  # a Python float: the instruction must use float32(0.1), never compute in fp64
+    getattr(device, name)(dst, x, scalar, x.size)
+    with np.errstate(all="ignore"):
+        want = SCALAR[name](x, F32(scalar))
+    np.testing.assert_array_equal(_bits(dst), _bits(want.astype(F32)))
+
+
+def test_unary_ops(rng):
+    x = _data(rng, (6, 10), nan=True)
+    x[0, :3] = [-0.0, 0.0, -1e-45]
+    for name, ref in (("Abs", np.abs), ("Relu", lambda v: np.where(v < 0, F32(0), v))):
+        dst = np.full_like(x, 7.0)
+        getattr(device, name)(dst, x, 55)
+        _check_partial(dst, ref(x), np.full_like(x, 7.0), 55)
+    # Exp: libm expf, within one ulp of the correctly rounded result (fp64 exp rounded once to fp32)
+    y = np.linspace(-80, 80, 4001, dtype=F32)
+    dst = np.empty_like(y)
+    device.Exp(dst, y, y.size)
+    with np.errstate(over="ignore"):
+        want = np.exp(y.astype(np.float64)).astype(F32)
+    ulps = np.abs(dst.view(np.int32).astype(np.int64) - want.view(np.int32).astype(np.int64))
+    assert ulps.max() <= 1
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, 100.0], F32)
+    out = np.empty_like(special)
+    device.Exp(out, special, 5)
+    assert np.isnan(out[0]) and out[1] == np.inf and out[2] == 0 and out[3] == 1 and out[4] == np.inf
+
+
+def test_duplicate_partial_and_int(rng):
+    dst = np.zeros((3, 5), np.int32)
+    device.Duplicate(dst, 9.7, 8)  # converted to the dtype of dst (int32 9), first 8 elements only
+    want = np.zeros(15, np.int32)
+    want[:8] = 9
+    np.testing.assert_array_equal(dst.reshape(-1), want)
+
+
+@pytest.mark.parametrize("mode", ["LT", "GT", "EQ", "LE", "GE", "NE"])
+def test_compare_select(rng, mode):
+    a = rng.integers(-3, 4, size=(5, 7)).astype(F32)
+    b = rng.integers(-3, 4, size=(5, 7)).astype(F32)
+    a[0, 0] = np.nan
+    count = 31
+    mask = np.full(5, 0xFF, np.uint8)
+    device.Compare(mask, a, b, getattr(enums.CMPMODE, mode), count)
+    ops = {"LT": np.less, "GT": np.greater, "EQ": np.equal, "LE": np.less_equal, "GE": np.greater_equal,
+           "NE": np.not_equal}
+    want_bits = ops[mode](a, b).reshape(-1)[:count]
+    got_bits = np.unpackbits(mask, bitorder="little")[:count].astype(bool)
+    np.testing.assert_array_equal(got_bits, want_bits)
+    assert mask[4] == 0xFF  # bytes past the count are untouched
+
+    dst = np.zeros_like(a)
+    device.Select(dst, mask, a, b, enums.SELMODE.VSEL_TENSOR_TENSOR_MODE, count)
+    _check_partial(dst, np.where(ops[mode](a, b), a, b), np.zeros_like(a), count)
+    dst2 = np.zeros_like(a)
+    device.Select(dst2, mask, a, -1.5, enums.SELMODE.VSEL_TENSOR_SCALAR_MODE, count)
+    _check_partial(dst2, np.where(ops[mode](a, b), a, F32(-1.5)), np.zeros_like(a), count)
+
+
+def test_select_mode_must_match_src1(rng):
+    a = np.zeros((2, 4), F32)
+    mask = np.zeros(1, np.uint8)
+    with pytest.raises(ValueError, match="SELMODE"):
+        device.Select(a, mask, a, 1.0, enums.SELMODE.VSEL_TENSOR_TENSOR_MODE, 8)
+
+
+def test_shape_and_count_errors():
+    a = np.zeros((2, 4), F32)
+    with pytest.raises(ValueError, match="count"):
+        device.Add(a, a, a, 9)
+    with pytest.raises(ValueError, match="shapes"):
+        device.Add(a, a, np.zeros((4, 2), F32), 8)
+
+
+def _seq_sum(x, axis):
+    """Left-to-right fp32 sums (cumsum is sequential) along ``axis``."""
+    return np.take(np.cumsum(x, axis=axis, dtype=F32), -1, axis=axis)
+
+
+@pytest.mark.parametrize("pattern", ["AR", "RA"])
+def test_reductions(rng, pattern):
+    x = _data(rng, (6, 11))
+    axis = 1 if pattern == "AR" else 0
+    n = x.shape[1 - axis]
+    dst = np.full(n + 2, 5.0, F32)
+    device.ReduceMax(dst, x, getattr(enums.ReducePattern, pattern))
+    np.testing.assert_array_equal(dst[:n], x.max(axis=axis))
+    assert (dst[n:] == 5).all()
+    device.ReduceSum(dst, x, getattr(enums.ReducePattern, pattern))
+    np.testing.assert_array_equal(_bits(dst[:n]), _bits(_seq_sum(x, axis)))
+    # NaN anywhere in a row / column makes its max NaN (the amax of a per-token cast sees it)
+    x[2, 3] = np.nan
+    device.ReduceMax(dst, x, getattr(enums.ReducePattern, pattern))
+    np.testing.assert_array_equal(np.isnan(dst[:n]), np.isnan(x.max(axis=axis)))
+
+
+def _special_f32(rng):
+    hi = rng.integers(0, 1 << 16, size=3000, dtype=np.uint32) << 16
+    tails = np.array([0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x80000, 0x7FFFF, 0x100000], np.uint32)
+    rand = rng.integers(0, 1 << 32, size=20000, dtype=np.uint32)
+    e4m3_range = (rng.standard_normal(20000) * 100).astype(F32).view(np.uint32)
+    tiny = (rng.standard_normal(5000) * 2**-8).astype(F32).view(np.uint32)
+    return np.concatenate([(hi[:, None] | tails[None, :]).reshape(-1), rand, e4m3_range, tiny]).view(F32)
+
+
+def test_cast_bf16_and_e4m3_bit_exact(rng):
+    x = _special_f32(rng)
+    bf = np.empty(x.size, np.uint16)
+    device.Cast(bf, x, RM.CAST_RINT, x.size)
+    np.testing.assert_array_equal(bf, fp32_to_bf16_bits(x))
+    codes = np.empty(x.size, np.uint8)
+    device.Cast(codes, x, RM.CAST_RINT, x.size)
+    nan = np.isnan(x)
+    # saturating: clip to +-448 first, then the library's RNE encode (ml_dtypes)
+    want = encode_e4m3(np.clip(x, -448, 448)).view(np.uint8)
+    np.testing.assert_array_equal(codes[~nan], want[~nan])
+    assert (codes[nan] & 0x7F == 0x7F).all()
+    # round trip: decode (the GM -> L1 path's decode) of every finite code is exact
+    all_codes = np.arange(256, dtype=np.uint8)
+    back = np.empty(256, F32)
+    device.Cast(back, all_codes, RM.CAST_NONE, 256)
+    want_back = all_codes.view(ml_dtypes.float8_e4m3fn).astype(F32)
+    finite = ~np.isnan(want_back)
+    np.testing.assert_array_equal(back[finite], want_back[finite])
+    again = np.empty(256, np.uint8)
+    device.Cast(again, back, RM.CAST_RINT, 256)
+    np.testing.assert_array_equal(again[finite], all_codes[finite])
+
+
+def test_cast_ue8m0(rng):
+    x = np.abs(_special_f32(rng))
+    x = x[np.isfinite(x)]
+    e = np.empty(x.size, np.uint8)
+    device.CastToUE8M0(e, x, RM.CAST_CEIL, x.size)
+    np.testing.assert_array_equal(e, (ceil_to_ue8m0(x).view(np.uint32) >> 23).astype(np.uint8))
+    device.CastToUE8M0(e, x, RM.CAST_TRUNC, x.size)
+    np.testing.assert_array_equal(e, (x.view(np.uint32) >> 23).astype(np.uint8))
+    with pytest.raises(ValueError, match="round_mode"):
+        device.CastToUE8M0(e, x, RM.CAST_RINT, 4)
+
+
+def test_datacopy_strided_padded(rng):
+    gm = rng.standard_normal(200).astype(F32)
+    ub = np.full((6, 16), -9.0, F32)
+    device.DataCopyPad(ub, gm, 7, 30, 4, 11, 0.5)
+    want = np.full((6, 16), -9.0, F32)
+    for r in range(4):
+        want[r, :11] = gm[7 + 30 * r: 18 + 30 * r]
+        want[r, 11:] = 0.5
+    np.testing.assert_array_equal(ub, want)
+    out = np.zeros(200, F32)
+    device.DataCopyPad(out, ub, 3, 40, 4, 13, 0)
+    want_out = np.zeros(200, F32)
+    for r in range(4):
+        want_out[3 + 40 * r: 16 + 40 * r] = ub[r, :13]
+    np.testing.assert_array_equal(out, want_out)
+    flat = np.zeros(10, F32)
+    device.DataCopy(flat, gm, 10)
+    np.testing.assert_array_equal(flat, gm[:10])
+    before = out.copy()
+    with pytest.raises(IndexError, match="GM"):
+        device.DataCopyPad(out, ub, 100, 40, 4, 13, 0)
+    np.testing.assert_array_equal(out, before)  # refused before anything is written
+    with pytest.raises(IndexError, match="UB"):
+        device.DataCopyPad(ub, gm, 0, 10, 7, 4, 0)
+
+
+@pytest.mark.parametrize("ub_dtype", [np.float32, np.uint16])
+def test_fixpipe_to_ub(rng, ub_dtype):
+    l0c = _special_f32(rng)[:16 * 24].reshape(16, 24)
+    ub = np.zeros((20, 32), ub_dtype)
+    device.FixpipeToUB(ub, l0c, 13, 21)
+    want = np.zeros((20, 32), ub_dtype)
+    block = l0c[:13, :21]
+    want[:13, :21] = block if ub_dtype == np.float32 else fp32_to_bf16_bits(np.ascontiguousarray(block))
+    np.testing.assert_array_equal(ub.view(np.uint32 if ub_dtype == np.float32 else np.uint16),
+                                  want.view(np.uint32 if ub_dtype == np.float32 else np.uint16))
+
+
+def test_every_vector_intrinsic_is_exported_and_documented():
+    names = ["Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Maxs", "Abs", "Exp", "Relu", "Duplicate",
+             "Compare", "Select", "Cast", "CastToUE8M0", "ReduceMax", "ReduceSum", "DataCopy", "DataCopyPad",
+             "FixpipeToUB"]
+    for name in names:
+        assert name in device.__all__
+        assert getattr(device, name).__doc__.startswith(name.split("To")[0][:4])
