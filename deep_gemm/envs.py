@@ -73,3 +73,8 @@ DG_JIT_KERNEL_OPT = _declare(
     "DG_JIT_KERNEL_OPT", str, "cheap",
     "Module optimization of generated kernels after linking device code: cheap (default, faster compile) or full",
 )
+DG_SYNC_CHECK = _declare(
+    "DG_SYNC_CHECK", bool, False,
+    "Synchronisation checker: kernels record every SetFlag/WaitFlag/PipeBarrier and cross-core flag and raise "
+    "SyncCheckError on a protocol error (separate cache entries)",
+)

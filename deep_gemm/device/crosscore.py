@@ -1,0 +1,153 @@
+"""Cross-core synchronisation of a mixed (Cube + Vector) AI core: the flag counters behind ``CrossCoreSetFlag`` /
+``CrossCoreWaitFlag``, the shared Unified Buffers of the two AIVs, and the error raised when a wait can never return.
+
+These are not template-callable: the translator emits calls to them (with the sub-core index and the template line)
+when it translates a mixed kernel. How a mixed kernel runs on the CPU: each logical AI core is three sub-cores, the
+AIC (sub 0) and AIV0 / AIV1 (subs 1, 2), each a numba generator running the kernel body; a CrossCoreWaitFlag whose
+flag is not set yields to the core's scheduler, which resumes the sub-cores round-robin on one CPU thread. A round
+in which every live sub-core is waiting and no flag was set is a deadlock: the scheduler raises KernelDeadlockError.
+
+Flag semantics (flag ids 0..15 per receiving sub-core, counting sets; a wait consumes one):
+  mode 2 (AIC <-> AIVs of one core): a set by the AIC counts for each AIV; a set by an AIV counts for the AIC, and
+         the AIC's wait returns once *both* AIVs have set (it consumes one set of each), as on the chip.
+  mode 1 (AIV <-> AIV of one core): a set by one AIV counts for the other.
+  mode 0 (all cores of one kind, across AI cores) is not supported: use SyncAll(), which splits the kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..jit.numba_setup import apply_numba_settings
+
+# NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
+apply_numba_settings()
+
+NUM_CROSS_FLAG_IDS = 16  # intra-block events of the 950 (deepgemm_ascend_api.md section 7)
+NUM_SUB_CORES = 3  # AIC, AIV0, AIV1
+SUB_CORE_NAMES = ("AIC", "AIV0", "AIV1")
+MODE_AIV_PAIR = 1
+MODE_AIC_AIV = 2
+DEFAULT_UB_BYTES = 253952  # 248 KiB usable per AIV on the 950 (CANN INI ub_size)
+UB_ALIGN = 32
+
+# info layout: [0] number of sets so far (the scheduler's progress counter), then per sub-core (flag id, line) of the
+# wait it is blocked in.
+INFO_SIZE = 1 + 2 * NUM_SUB_CORES
+
+
+class KernelDeadlockError(RuntimeError):
+    """A CrossCoreWaitFlag of a mixed kernel can never return: every live sub-core of a logical core waits and no
+    flag can change. Attributes: kernel, core, sub_core ("AIC", "AIV0", "AIV1"), event_id, line (of kernel.asc),
+    num_waiting (sub-cores blocked)."""
+
+    @property
+    def kernel(self) -> str:
+        return self.args[0]
+
+    @property
+    def core(self) -> int:
+        return int(self.args[1])
+
+    @property
+    def sub_core(self) -> str:
+        return SUB_CORE_NAMES[int(self.args[2])]
+
+    @property
+    def event_id(self) -> int:
+        return int(self.args[3])
+
+    @property
+    def line(self) -> int:
+        return int(self.args[4])
+
+    @property
+    def num_waiting(self) -> int:
+        return int(self.args[5])
+
+    def __str__(self) -> str:
+        if len(self.args) != 6:
+            return super().__str__()
+        others = self.num_waiting - 1
+        return (f"deadlock in kernel {self.kernel}: on logical core {self.core}, {self.sub_core} waits in "
+                f"CrossCoreWaitFlag({self.event_id}) at kernel.asc line {self.line}, and no set can reach it "
+                f"({others} other sub-core{'s' if others != 1 else ''} of the core also waiting, the rest finished)")
+
+
+@njit(cache=True)
+def new_cross_state(ub_bytes):
+    """(flags, set_lines, info, ub) of one logical core: flags int64 [receiver sub, sender sub, flag id] counting
+    sets not yet consumed; set_lines [receiver sub, flag id]: kernel.asc line of the last set (for the checker);
+    info (see INFO_SIZE); ub uint8 [2, ub_bytes], the Unified Buffers of AIV0 and AIV1 (zeroed)."""
+    flags = np.zeros((NUM_SUB_CORES, NUM_SUB_CORES, NUM_CROSS_FLAG_IDS), np.int64)
+    set_lines = np.zeros((NUM_SUB_CORES, NUM_CROSS_FLAG_IDS), np.int64)
+    info = np.zeros(INFO_SIZE, np.int64)
+    ub = np.zeros((2, ub_bytes), np.uint8)
+    return flags, set_lines, info, ub
+
+
+@njit(cache=True)
+def _check_id(flag_id, line):
+    if flag_id < 0 or flag_id >= NUM_CROSS_FLAG_IDS:
+        raise ValueError("cross-core flag id out of range 0..15 (id, kernel.asc line)", flag_id, line)
+
+
+@njit(cache=True)
+def cross_core_set(flags, set_lines, info, sub, mode, flag_id, line):
+    """CrossCoreSetFlag<mode, pipe>(flag_id) executed by sub-core ``sub`` at kernel.asc ``line`` (see the module
+    docstring)."""
+    _check_id(flag_id, line)
+    if mode == MODE_AIC_AIV:
+        if sub == 0:
+            for aiv in range(1, NUM_SUB_CORES):
+                flags[aiv, 0, flag_id] += 1
+                set_lines[aiv, flag_id] = line
+        else:
+            flags[0, sub, flag_id] += 1
+            set_lines[0, flag_id] = line
+    elif mode == MODE_AIV_PAIR:
+        if sub == 0:
+            raise ValueError("CrossCoreSetFlag mode 1 (AIV <-> AIV) called on the AIC (kernel.asc line)", line)
+        flags[3 - sub, sub, flag_id] += 1
+        set_lines[3 - sub, flag_id] = line
+    else:
+        raise ValueError("CrossCoreSetFlag: mode must be 1 (AIV <-> AIV) or 2 (AIC <-> AIV) (mode, line)", mode, line)
+    info[0] += 1
+
+
+@njit(cache=True)
+def cross_core_try_wait(flags, info, sub, flag_id, line):
+    """CrossCoreWaitFlag(flag_id) of sub-core ``sub``: consume the matching set(s) and return True, or record what
+    ``sub`` waits for (for the deadlock report) and return False (the generated code then yields)."""
+    _check_id(flag_id, line)
+    if sub == 0:
+        if flags[0, 1, flag_id] > 0 and flags[0, 2, flag_id] > 0:
+            flags[0, 1, flag_id] -= 1
+            flags[0, 2, flag_id] -= 1
+            return True
+    else:
+        for sender in range(NUM_SUB_CORES):
+            if flags[sub, sender, flag_id] > 0:
+                flags[sub, sender, flag_id] -= 1
+                return True
+    info[1 + 2 * sub] = flag_id
+    info[2 + 2 * sub] = line
+    return False
+
+
+@njit(cache=True)
+def ub_tensor(ub, aiv, byte_offset, rows, cols, dtype):
+    """UBTensor<T>(aiv, byte_offset, rows, cols): a [rows, cols] view of type T of the UB of AIV ``aiv`` (0 or 1)
+    from ``byte_offset`` (a multiple of 32). Both sub-cores of a hand-off address the same bytes: the AIC's FixPipe
+    writes what the AIV reads. Raises ValueError when the tensor leaves the UB or is misaligned."""
+    itemsize = np.empty(0, dtype).itemsize
+    nbytes = rows * cols * itemsize
+    if aiv < 0 or aiv > 1:
+        raise ValueError("UBTensor: aiv must be 0 or 1", aiv)
+    if byte_offset < 0 or byte_offset % UB_ALIGN != 0 or rows < 0 or cols < 0:
+        raise ValueError("UBTensor: byte_offset must be a non-negative multiple of 32", byte_offset)
+    if byte_offset + nbytes > ub.shape[1]:
+        raise ValueError("UBTensor: the tensor exceeds the Unified Buffer (offset, bytes, UB bytes)", byte_offset,
+                         nbytes, ub.shape[1])
+    return ub[aiv, byte_offset:byte_offset + nbytes].view(dtype).reshape(rows, cols)
