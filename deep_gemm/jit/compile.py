@@ -88,7 +88,7 @@ def _install_numba_listener() -> None:
             if not module.startswith(KERNEL_MODULE_MARK):
                 return
             kernel = _by_module.get(module)
-            is_entry = kernel is not None and py_func.__name__ in (kernel.entry, f"{kernel.entry}_prange")
+            is_entry = kernel is not None and py_func.__name__ in (*kernel.phases, f"{kernel.entry}_prange")
             _event("numba_compile" if is_entry else "numba_compile_helper", module=module,
                    function=py_func.__qualname__, failed=ev.is_failed)
 
@@ -166,8 +166,12 @@ class CompiledKernel:
         self.timings = timings
         self.num_ai_cores = int(module.NUM_AI_CORES)
         self.launcher = launcher_mode()
-        name_ = self.entry if self.launcher == "threads" else f"{self.entry}_prange"
-        self.fn = EntryFunction(getattr(module, name_), self.launcher)
+        # NOTES: a kernel split by SyncAll() has one launch entry per phase (launched in order, so every core ends
+        # a phase before any core starts the next); its prange entry runs the phases itself.
+        self.phases = tuple(meta.get("phases") or (self.entry,))
+        names = self.phases if self.launcher == "threads" else (f"{self.entry}_prange",)
+        self.phase_fns = [EntryFunction(getattr(module, n), self.launcher) for n in names]
+        self.fn = self.phase_fns[0]
         self.signature = EntrySignature.from_abi(name, meta["params"], entry=self.entry)
         self._bind = self.signature.bind
         self._call = self._first_call
@@ -191,7 +195,15 @@ class CompiledKernel:
         from .launch import LAUNCHER
 
         launch, cores = LAUNCHER.launch, self.num_ai_cores
-        return lambda *args: launch(dispatcher, cores, args)
+        if len(self.phase_fns) == 1:
+            return lambda *args: launch(dispatcher, cores, args)
+        dispatchers = [fn.dispatcher for fn in self.phase_fns]
+
+        def run_phases(*args):
+            for phase in dispatchers:
+                launch(phase, cores, args)
+
+        return run_phases
 
     def compile(self, *args, **kwargs) -> None:
         """Compile the kernel for the types of the arguments (bound as by a launch; or load it from numba's cache)
@@ -210,7 +222,8 @@ class CompiledKernel:
         before = self.numba_stats()
         with _interrupts_seen() as seen:
             try:
-                self.fn.compile(sig)
+                for fn in self.phase_fns:
+                    fn.compile(sig)
             except BaseException as e:
                 if seen or isinstance(e, KeyboardInterrupt):
                     _after_interrupt()
@@ -236,8 +249,9 @@ class CompiledKernel:
     def numba_stats(self) -> dict[str, int]:
         """How numba produced the kernel's machine code: cache_hits (loaded from numba's cache) and cache_misses
         (compiled) summed over signatures."""
-        s = self.fn.stats
-        return {"cache_hits": sum(s.cache_hits.values()), "cache_misses": sum(s.cache_misses.values())}
+        stats = [fn.stats for fn in self.phase_fns]
+        return {"cache_hits": sum(sum(s.cache_hits.values()) for s in stats),
+                "cache_misses": sum(sum(s.cache_misses.values()) for s in stats)}
 
     @property
     def loaded_from_numba_cache(self) -> bool | None:
@@ -361,7 +375,8 @@ def build(name: str, constants: dict, *, template: str | None = None, template_d
         raise ValueError(f"kernel name must be an identifier, got {name=!r}")
     constants = normalize_constants(constants)
     template = template or name
-    memo_key = (name, template, str(template_dir), device_module, tuple(sorted(constants.items())))
+    sync_check = bool(envs.DG_SYNC_CHECK.get())
+    memo_key = (name, template, str(template_dir), device_module, tuple(sorted(constants.items())), sync_check)
     kernel = _memo.get(memo_key)
     if kernel is not None:
         _event("memory_hit", kernel=name, digest=kernel.digest)
@@ -370,12 +385,12 @@ def build(name: str, constants: dict, *, template: str | None = None, template_d
     with _lock:
         kernel = _memo.get(memo_key)
         if kernel is None:
-            kernel = _build_locked(name, constants, template, template_dir, device_module)
+            kernel = _build_locked(name, constants, template, template_dir, device_module, sync_check)
             _memo[memo_key] = kernel
         return kernel
 
 
-def _build_locked(name, constants, template, template_dir, device_module) -> CompiledKernel:
+def _build_locked(name, constants, template, template_dir, device_module, sync_check=False) -> CompiledKernel:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     try:
@@ -386,6 +401,8 @@ def _build_locked(name, constants, template, template_dir, device_module) -> Com
     timings["render"] = time.perf_counter() - t0
     # NOTES: only the settings that change generated code enter the key (not e.g. whether scipy was deferred).
     settings = {k: v for k, v in apply_numba_settings().items() if k in _CODEGEN_SETTINGS}
+    if sync_check:  # DG_SYNC_CHECK: the checker's kernels are other code (absent from the key otherwise)
+        settings["SYNC_CHECK"] = True
     t1 = time.perf_counter()
     digest, components = cache.cache_key(name, rendered, device_module, settings)
     timings["key"] = time.perf_counter() - t1
@@ -407,7 +424,7 @@ def _build_locked(name, constants, template, template_dir, device_module) -> Com
                 writable = False  # the damaged entry could not be moved aside: this root cannot take a new one
     if kernel is None:
         kernel = _build_new(roots.write if writable else None, name, digest, components, rendered, line_map,
-                            constants, template, device_module, timings)
+                            constants, template, device_module, timings, sync_check)
     _by_digest[digest] = kernel
     _by_module[kernel.module.__name__] = kernel
     _install_numba_listener()
@@ -458,7 +475,7 @@ def _report_corrupt(path: Path, problem: str, action: str) -> None:
 
 
 def _build_new(root: Path | None, name, digest, components, rendered, line_map, constants, template, device_module,
-               timings) -> CompiledKernel:
+               timings, sync_check=False) -> CompiledKernel:
     """Translate and publish a new entry under ``root``, then import it; in memory when ``root`` is None or
     cannot be written (ENOSPC, EROFS, EACCES, ...: one warning per process, no partial directory left)."""
     from .translate import translate
@@ -466,7 +483,7 @@ def _build_new(root: Path | None, name, digest, components, rendered, line_map, 
     t0 = time.perf_counter()
     try:
         translation = translate(rendered, template=f"{template} (rendered)", constants=constants,
-                                device_module=device_module, line_map=line_map)
+                                device_module=device_module, line_map=line_map, sync_check=sync_check)
     except TranslateError as e:
         consts = " ".join(f"--const {k}={_cli_value(v)}" for k, v in sorted(constants.items()))
         e.detail += (f"\nreproduce: {cache.python_command()} -m deep_gemm.jit.dump --template {template} {consts}"
@@ -481,6 +498,8 @@ def _build_new(root: Path | None, name, digest, components, rendered, line_map, 
         "digest": digest,
         "template": template,
         "entry": translation.entry,
+        "phases": list(translation.phases),
+        "is_mixed": translation.is_mixed,
         "helpers": translation.helpers,
         "params": [dataclasses.asdict(p) for p in translation.params],
         "device_module": device_module,

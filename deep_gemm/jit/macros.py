@@ -26,11 +26,15 @@ MACROS: dict[str, str] = {
     "__mix__(...)": "mix-kernel attribute with its (aic, aiv) arguments on one line",
 }
 
+# Mixed-kernel branch macros: `if ASCEND_IS_AIC { ... }` is C++ only after expansion (to a parenthesized test), so
+# each becomes a parenthesized identifier of the same length that the translator reads (translate/mixed.py).
+REWRITES: dict[str, str] = {"ASCEND_IS_AIC": "(ASCENDISAIC)", "ASCEND_IS_AIV": "(ASCENDISAIV)"}
+
 # Identifier types the translator understands directly (kept as they are, see translate/ctype.py):
 #   GM_ADDR  -> a GM byte pointer (`__gm__ uint8_t*`): the parameter is a numpy array.
 KNOWN_TYPE_MACROS: dict[str, str] = {"GM_ADDR": "uint8"}
 
-_WORDS = [m for m in MACROS if not m.endswith("(...)")]
+_WORDS = [m for m in MACROS if not m.endswith("(...)")] + list(REWRITES)
 _FUNCS = [m[: -len("(...)")] for m in MACROS if m.endswith("(...)")]
 # Comments and string literals come first in the alternation so that, as in the real preprocessor, macros
 # inside them are left alone.
@@ -43,7 +47,9 @@ _PATTERN = re.compile(
 
 
 def _blank(match: re.Match) -> str:
-    return match.group(0) if match.group("keep") is not None else " " * len(match.group(0))
+    if match.group("keep") is not None:
+        return match.group(0)
+    return REWRITES.get(match.group(0), " " * len(match.group(0)))
 
 
 def expand_macros(source: str) -> str:

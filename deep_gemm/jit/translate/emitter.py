@@ -18,6 +18,9 @@ class Translation:
     device_names: list[str]
     constants: dict[str, object]
     params: tuple = ()  # the kernel entry's parameters, EntryParam (entry.py), in order
+    # Launch entries in order: [entry] for most kernels, [entry_p0, entry_p1, ...] when SyncAll() splits the kernel
+    phases: tuple = ()
+    is_mixed: bool = False  # AIC + AIV sub-cores (translate/mixed.py)
 
 
 
@@ -73,6 +76,7 @@ class Emitter:
         ]
         if self.used_device:
             header.append(f"from {self.device_module} import {', '.join(sorted(self.used_device))}  # noqa: E402")
+        header.extend(self.mixed_header())
         if self.used_enums:
             header.append("")
             for py, (value, spelling) in sorted(self.used_enums.items()):
@@ -87,5 +91,6 @@ class Emitter:
                 body.append(f"{pad}{text}")
         python = "\n".join(header + body).rstrip() + "\n"
         helpers = [name for name, sig in self.functions.items() if not sig.is_entry]
+        phases = tuple(getattr(self, "phase_entries", None) or (self.entry.name,))
         return Translation(python, self.entry.name, helpers, sorted(self.used_device), dict(self.module_values),
-                           self.entry.abi)
+                           self.entry.abi, phases, self.is_mixed)

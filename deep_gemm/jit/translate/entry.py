@@ -159,6 +159,10 @@ class EntryABI:
         self.func.scopes.append({name: Sym(ctype, line=self.line(node)) for name, ctype in sig.params})
         names = [name for name, _ in sig.params]
         body = node.child_by_field_name("body")
+        if sig.is_entry and self.needs_mixed_entry():
+            self.emit_mixed_entry(sig, node)
+            self.func = None
+            return
         if sig.is_entry and not self.contains(body, "return_statement"):
             self.emit_entry_direct(sig, node, body)
             self.func = None
@@ -170,7 +174,7 @@ class EntryABI:
         if sig.is_entry:
             self.emit(f"def _{sig.name}_core({', '.join(['_block_idx', *names])}):", node)
         else:
-            self.emit(f"def {sig.name}({', '.join(names)}):", node)
+            self.emit(f"def {sig.name}({', '.join(self.hidden_params(sig) + names)}):", node)
         self.block(lambda: self.statements(body.named_children), body)
         if sig.is_entry:
             self.emit_entry_wrapper(sig, node)

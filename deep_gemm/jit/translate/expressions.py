@@ -356,7 +356,7 @@ class Expressions:
             raise self.error(node, "template functions take no template arguments (jinja specializes them)")
         if len(args) != len(sig.params):
             raise self.error(node, f"{sig.name} takes {len(sig.params)} arguments, got {len(args)}")
-        codes = []
+        codes = self.hidden_params(sig)  # the checker's state, threaded into helpers that synchronise
         for (_pname, ptype), arg in zip(sig.params, args, strict=True):
             if ptype.kind in ("int", "float", "bool"):
                 arg = self.convert(arg, ptype, node)

@@ -18,6 +18,7 @@ from .diagnostics import Diagnostics
 from .emitter import Emitter, Translation
 from .entry import EntryABI, FuncSig
 from .expressions import Expressions
+from .mixed import MixedKernels
 from .statements import FuncCtx, Statements, Sym
 from .tree import TreeQueries, find_error_node, parse
 
@@ -28,13 +29,16 @@ RESERVED = frozenset(keyword.kwlist) | {
 }
 
 
-class Translator(Diagnostics, TreeQueries, Emitter, Conversions, EntryABI, Statements, Expressions):
+class Translator(Diagnostics, TreeQueries, Emitter, Conversions, MixedKernels, EntryABI, Statements, Expressions):
     """One translation of one rendered source. Use translate() rather than this class."""
 
     def __init__(self, source: str, template: str, constants: dict[str, object], device_exports: set[str],
-                 device_module: str, line_map: LineMap | None = None):
+                 device_module: str, line_map: LineMap | None = None, sync_check: bool = False):
         self.template = template
         self.line_map = line_map
+        self.sync_check = sync_check
+        self.used_runtime: set[str] = set()  # deep_gemm.device.crosscore names the mixed entry uses
+        self.used_check: set[str] = set()  # deep_gemm.device.synccheck names
         self.constants = constants
         self.device_exports = device_exports
         self.device_module = device_module
@@ -57,6 +61,7 @@ class Translator(Diagnostics, TreeQueries, Emitter, Conversions, EntryABI, State
         self.inline = self.functions_to_inline()
         if self.entry is None:
             self.no_entry()
+        self.analyse_mixed()
         for child in self.root.children:
             self.top_level(child)
         if "NUM_AI_CORES" not in self.module_consts:
@@ -157,8 +162,19 @@ class Translator(Diagnostics, TreeQueries, Emitter, Conversions, EntryABI, State
         if clash:
             raise self.error(node, f"{name!r} is already {clash}; rename it")
 
+    # NOTES: mixed kernels add builtins (GetSubBlockIdx, CrossCore*, UBTensor, SyncAll), the ASCEND_IS_AIC/AIV
+    # identifiers and a generator-aware return; SetFlag/WaitFlag/PipeBarrier become the checker's calls in check mode.
+    BUILTIN_CALLS = {
+        **Expressions.BUILTIN_CALLS,
+        "GetSubBlockIdx": MixedKernels.call_sub_block_idx, "CrossCoreSetFlag": MixedKernels.call_cross_set,
+        "CrossCoreWaitFlag": MixedKernels.call_cross_wait, "UBTensor": MixedKernels.call_ub_tensor,
+        "SyncAll": MixedKernels.call_sync_all, "SetFlag": MixedKernels.call_sync, "WaitFlag": MixedKernels.call_sync,
+        "PipeBarrier": MixedKernels.call_sync,
+    }
+    EXPR = {**Expressions.EXPR, "identifier": MixedKernels.mixed_identifier}
+    STMT = {**Statements.STMT, "return_statement": MixedKernels.mixed_return}
     TOP = {
-        "function_definition": EntryABI.function,
+        "function_definition": lambda self, node: self.function(node),
         "linkage_specification": top_linkage,
         "declaration": top_declaration,
         "comment": top_comment,
@@ -183,14 +199,16 @@ def device_exports(module_name: str) -> set[str]:
 
 def translate(source: str, *, template: str = "<source>", constants: dict | None = None,
               device_module: str = "deep_gemm.device", exports: set[str] | None = None,
-              line_map: LineMap | None = None) -> Translation:
+              line_map: LineMap | None = None, sync_check: bool = False) -> Translation:
     """Translate rendered C++ into Python (see SUBSET). Raises TranslateError at the first unsupported construct.
 
     ``template`` names the source in messages; ``constants`` are the build constants (NUM_AI_CORES is read from
     them when the source does not declare it); ``exports`` overrides the device names (default: the module's);
     ``line_map`` (render.render_lines) turns the `# L<n>` tags and error positions into template lines (without
-    it they are lines of the source).
+    it they are lines of the source); ``sync_check`` emits the synchronisation checker's recording calls
+    (DG_SYNC_CHECK).
     """
     if exports is None:
         exports = device_exports(device_module)
-    return Translator(source, template, dict(constants or {}), set(exports), device_module, line_map).run()
+    return Translator(source, template, dict(constants or {}), set(exports), device_module, line_map,
+                      sync_check).run()
