@@ -19,7 +19,7 @@ from .capacity import (  # noqa: E402
     keeps_a_resident,
     num_mad_tiles,
 )
-from .cast import Cast, CastToUE8M0  # noqa: E402
+from .cast import Cast, CastFromUE8M0, CastToUE8M0  # noqa: E402
 from .copy import (  # noqa: E402
     FP4_E2M1_VALUES,
     FP8_E4M3_VALUES,
@@ -73,7 +73,7 @@ __all__ = [
     "DataCopy", "DataCopyPad",
     # AIV: Vector unit (device/vector.py, device/cast.py)
     "Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Maxs", "Mins", "Abs", "Exp", "Relu", "Duplicate",
-    "Compare", "Select", "ReduceMax", "ReduceSum", "Cast", "CastToUE8M0",
+    "Compare", "Select", "ReduceMax", "ReduceSum", "Cast", "CastToUE8M0", "CastFromUE8M0",
     # Pipe synchronisation
     "SetFlag", "WaitFlag", "PipeBarrier",
     # Scheduler

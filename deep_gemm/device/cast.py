@@ -14,7 +14,7 @@ from numba.extending import overload
 
 from ..jit import enums
 from ..jit.numba_setup import apply_numba_settings
-from ._bits import decode_bf16, decode_e4m3, f32_to_bits
+from ._bits import bits_to_f32, decode_bf16, decode_e4m3, f32_to_bits
 from .fixpipe import f32_to_bf16_bits
 from .vector import as_rows, check_count, check_same_shape
 
@@ -130,3 +130,27 @@ def CastToUE8M0(dst, src, round_mode, count):  # noqa: N802
             d[i, j] = f32_to_ue8m0(s[i, j], round_mode)
     for j in range(rest):
         d[full, j] = f32_to_ue8m0(s[full, j], round_mode)
+
+
+@njit(cache=True)
+def CastFromUE8M0(dst, src, count):  # noqa: N802
+    """Cast(dst, src, ...) from fp8_e8m0_t: the fp32 power of two 2^(e - 127) of each UE8M0 exponent byte (uint8
+    ``src``), exact (e = 0 gives the fp32 subnormal 2^-127; e = 255 gives NaN, e8m0's NaN)."""
+    d = as_rows(dst)
+    s = as_rows(src)
+    check_same_shape(d, s)
+    full, rest = check_count(d, count)
+    for i in range(full):
+        for j in range(d.shape[1]):
+            d[i, j] = _ue8m0_value(s[i, j])
+    for j in range(rest):
+        d[full, j] = _ue8m0_value(s[full, j])
+
+
+@njit(cache=True, inline="always")
+def _ue8m0_value(e):
+    if e == 255:
+        return bits_to_f32(np.uint32(0x7FC00000))
+    if e == 0:
+        return bits_to_f32(np.uint32(0x00400000))
+    return bits_to_f32(np.uint32(e) << 23)

@@ -11,7 +11,10 @@ from .arch import ArchSpec
 
 # Operand kinds and their storage bits on the chip.
 DTYPE_BITS = {"bf16": 16, "fp8": 8, "fp4": 4}
-OUT_DTYPE_BYTES = {"bf16": 2, "fp32": 4}
+# NOTES: "fp8" is D in float8_e4m3fn with the FP8Quantization epilogue: one UE8M0 scale per row per 32 columns
+# (another N / 32 bytes per row), computed by the AIVs from the fp32 tiles the AIC hands them (a mixed kernel).
+OUT_DTYPE_BYTES = {"bf16": 2, "fp32": 4, "fp8": 1}
+EPILOGUE_UB_STAGES = 2  # fp32 half MAD tiles per AIV in flight (lib/mixed.asc.j2's NUM_UB_STAGES)
 GEMM_TYPES = ("normal", "m_grouped_contiguous", "m_grouped_masked", "k_grouped_contiguous", "batched")
 
 
@@ -100,7 +103,22 @@ def buffer_bytes(desc: GemmDesc, config: GemmConfig) -> dict[str, int]:
     l0b = config.num_l0_stages * config.mad_n * config.mad_k * b_bits // 8
     l0c = config.num_l0c_stages * config.mad_m * config.mad_n * 4
     ub = config.mad_m * config.mad_n * OUT_DTYPE_BYTES[desc.out_dtype]
+    if desc.out_dtype == "fp8":
+        ub = fp8_epilogue_ub_bytes(config.mad_m, config.mad_n)
     return {"L1": l1, "L0A": l0a, "L0B": l0b, "L0C": l0c, "UB": ub}
+
+
+def fp8_epilogue_ub_bytes(mad_m: int, mad_n: int) -> int:
+    """UB bytes one AIV needs for the FP8-output epilogue (templates/lib/epilogue.asc.j2's layout): the fp32 hand-off
+    stages of half a MAD tile, |x|, the e4m3 codes and the per-32-column scale tables, each 32-byte aligned."""
+    half, groups = mad_m // 2, mad_n // 32
+
+    def a32(x: int) -> int:
+        return -(-x // 32) * 32
+
+    tile = a32(half * mad_n * 4)
+    return (EPILOGUE_UB_STAGES + 1) * tile + a32(half * mad_n) + 2 * a32(groups * half * 4) + 2 * a32(groups * half) \
+        + a32(32 * 4)
 
 
 def stream_l1_bytes(desc: GemmDesc, config: GemmConfig, depth: int | None = None) -> int:
@@ -162,6 +180,9 @@ def check_desc(desc: GemmDesc) -> None:
         raise ValueError(f"gemm_type={desc.gemm_type!r}; allowed: {GEMM_TYPES}")
     if desc.gemm_type == "normal" and desc.num_groups != 1:
         raise ValueError(f"num_groups={desc.num_groups} must be 1 for gemm_type='normal'")
+    if desc.out_dtype == "fp8" and (desc.with_accumulation or desc.n % 64):
+        raise ValueError(f"FP8 output (the FP8Quantization epilogue) needs N % 64 == 0 and no accumulation: "
+                         f"n={desc.n} with_accumulation={desc.with_accumulation}")
     if desc.major_a not in MAJORS or desc.major_b not in MAJORS:
         raise ValueError(f"major_a={desc.major_a!r} major_b={desc.major_b!r}; allowed: {MAJORS}")
 
@@ -204,6 +225,9 @@ def config_violations(desc: GemmDesc, config: GemmConfig, arch: ArchSpec) -> lis
         bad.append(f"num_ai_cores={c.num_ai_cores} not in [1, {arch.num_ai_cores}]")
     if c.path not in PATHS:
         bad.append(f"path={c.path!r} not in {PATHS}")
+    if desc.out_dtype == "fp8" and (c.mad_n % 64 or c.mad_m % 2):
+        bad.append(f"mad_n={c.mad_n} must be a multiple of 64 (and mad_m={c.mad_m} even) for FP8 output: each MAD "
+                   "tile covers whole pairs of 32-column scale groups, its rows split between the two AIVs")
     if desc.gemm_type == "m_grouped_contiguous" and c.block_m != M_GROUPED_BLOCK_M:
         bad.append(f"block_m={c.block_m} must be {M_GROUPED_BLOCK_M} for m_grouped_contiguous")
     return bad

@@ -29,8 +29,11 @@ double-buffered L0C and drains it through FixPipe. Every rate and size comes fro
   at ``gm_to_l1_bytes_per_cycle``.
 * FixPipe: the tile's output elements at 64 per cycle (bf16/fp16/fp8 out; 32 for fp32 out, capped by the
   ArchSpec's ``fixpipe_bytes_per_cycle``); with the roofline figures the fp32 accumulator bytes at that rate.
-* Vector (fp8 x fp4 only): the AIVs decode B from FP4 to FP8 and copy it UB -> L1 (DeepGEMM-Ascend's rates,
-  ``FP4_DECODE_BYTES_PER_CYCLE``, ``UB_TO_L1_BYTES_PER_CYCLE``; B then sits in L1/L0 as FP8).
+* Vector (fp8 x fp4): the AIVs decode B from FP4 to FP8 and copy it UB -> L1 (DeepGEMM-Ascend's rates,
+  ``FP4_DECODE_BYTES_PER_CYCLE``, ``UB_TO_L1_BYTES_PER_CYCLE``; B then sits in L1/L0 as FP8). FP8 output (the
+  FP8Quantization epilogue): FixPipe moves the fp32 tile to the AIVs' UB at ``fixpipe_bytes_per_cycle`` (128 B),
+  the two AIVs spend ``FP8_EPILOGUE_VECTOR_OPS`` passes per element at ``VECTOR_FP32_PER_CYCLE`` each, and D
+  leaves as 1 byte per element plus one scale byte per 32.
 * Within a core these pipes overlap (every stage is double-buffered): a tile costs the slowest of them.
 * Waves and tail: ceil(tiles / P) waves. The busiest core runs ceil(tiles / P) tiles and is taken to draw the
   heaviest ones (M/N tail tiles are lighter: fractal-aligned extents). A wave costs the larger of that core's
@@ -90,6 +93,12 @@ MAD_ISSUE_CYCLES = {"bf16": 64, "fp8": 116, "fp4": 40}
 FP4_DECODE_BYTES_PER_CYCLE = 64
 UB_TO_L1_BYTES_PER_CYCLE = 128
 AIVS_PER_CORE = 2
+# FP8-output epilogue on the AIVs: fp32 lanes per cycle of one AIV's Vector unit (256 B vector registers; the
+# white paper's 54 TFLOPS FP16 over 64 AIVs at 1.65 GHz is ~256 FP16 FLOP per AIV per cycle), and the vector
+# passes per element of lib/epilogue.asc.j2 (Abs, the 32-wide ReduceMax, Muls, Cast to e4m3; the per-32 scale
+# arithmetic is 1/32 of that and ignored).
+VECTOR_FP32_PER_CYCLE = 64
+FP8_EPILOGUE_VECTOR_OPS = 4
 
 
 @dataclass(frozen=True)
@@ -321,7 +330,9 @@ def _tile_costs(desc: GemmDesc, c: GemmConfig, arch: ArchSpec, tm: int, tn: int,
     mte2_s, overhead_s, same_s, by_limit = _mte2_s(desc, c, tm, tn, kpad, a_resident, links)
     mte2 = mte2_s * arch.clock_hz
 
-    if links.figures.enabled:  # FixPipe drains L0C at so many output elements per cycle (bf16: 64, fp32: 32)
+    if desc.out_dtype == "fp8":  # FP8Quantization: FixPipe hands the fp32 tile to the AIVs' UB (128 B/cycle)
+        fix = tm * tn * 4 / arch.fixpipe_bytes_per_cycle
+    elif links.figures.enabled:  # FixPipe drains L0C at so many output elements per cycle (bf16: 64, fp32: 32)
         out_bytes = OUT_DTYPE_BYTES[desc.out_dtype]
         fix = tm * tn / min(links.figures.fixpipe_elems_per_cycle, arch.fixpipe_bytes_per_cycle // out_bytes)
     else:
@@ -330,6 +341,8 @@ def _tile_costs(desc: GemmDesc, c: GemmConfig, arch: ArchSpec, tm: int, tn: int,
     if DTYPE_BITS[desc.b_dtype] < b_bits:  # fp8 x fp4: the AIVs decode B to FP8, then copy it UB -> L1
         decoded = tn * kpad * b_bits / 8
         vector = max(b_gm / FP4_DECODE_BYTES_PER_CYCLE, decoded / UB_TO_L1_BYTES_PER_CYCLE) / AIVS_PER_CORE
+    if desc.out_dtype == "fp8":  # FP8Quantization: the two AIVs quantize what FixPipe hands them
+        vector += tm * tn * FP8_EPILOGUE_VECTOR_OPS / (VECTOR_FP32_PER_CYCLE * AIVS_PER_CORE)
     pipes = {"cube": cube, "mte1": mte1, "mte2": mte2, "fixpipe": fix, "vector": vector}
     return pipes, gm, overhead_s, same_s, by_limit
 
@@ -414,6 +427,8 @@ def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec,
     b_miss = max(0.0, 1.0 - max(0.0, arch.l2_bytes - a_super_row) / b_region)
     b_hbm = b_region * (1.0 + (super_rows - 1) * b_miss)
     d_region = r.rows * r.cols * out_bytes * (2 if desc.with_accumulation else 1)
+    if desc.out_dtype == "fp8":
+        d_region += r.rows * r.cols / 32  # the UE8M0 scales of the FP8 output (one byte per 32 columns)
     hbm_bytes = r.count * (a_region + b_hbm + d_region)
     hbm_s = hbm_bytes / arch.hbm_bytes_per_s
 

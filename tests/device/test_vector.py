@@ -210,6 +210,11 @@ def test_cast_ue8m0(rng):
     np.testing.assert_array_equal(e, (x.view(np.uint32) >> 23).astype(np.uint8))
     with pytest.raises(ValueError, match="round_mode"):
         device.CastToUE8M0(e, x, RM.CAST_RINT, 4)
+    every = np.arange(256, dtype=np.uint8)
+    back = np.empty(256, F32)
+    device.CastFromUE8M0(back, every, 256)
+    np.testing.assert_array_equal(back[1:255], np.ldexp(F32(1), every[1:255].astype(np.int32) - 127))
+    assert back[0] == F32(2.0**-127) and np.isnan(back[255])
 
 
 def test_datacopy_strided_padded(rng):
@@ -252,8 +257,8 @@ def test_fixpipe_to_ub(rng, ub_dtype):
 
 def test_every_vector_intrinsic_is_exported_and_documented():
     names = ["Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Maxs", "Abs", "Exp", "Relu", "Duplicate",
-             "Compare", "Select", "Cast", "CastToUE8M0", "ReduceMax", "ReduceSum", "DataCopy", "DataCopyPad",
-             "FixpipeToUB"]
+             "Compare", "Select", "Cast", "CastToUE8M0", "CastFromUE8M0", "ReduceMax", "ReduceSum", "DataCopy",
+             "DataCopyPad", "FixpipeToUB"]
     for name in names:
         assert name in device.__all__
         assert getattr(device, name).__doc__.startswith(name.split("To")[0][:4])

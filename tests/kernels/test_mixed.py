@@ -1,0 +1,150 @@
+"""Mixed Cube + Vector kernels: the ReLU example (templates/examples/mixed_relu) against numpy and against the BF16
+GEMM kernel of the same config, bitwise equal on 1, 7 and 32 logical cores and 1 and 2 CPU threads; a deliberately
+deadlocking example reports KernelDeadlockError naming kernel, core, sub-core, flag and line instead of hanging;
+SyncAll() splits a kernel into phases ordered across cores."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from kernel_data import as_float, bf16_operand, output
+
+from deep_gemm import runtime
+from deep_gemm.device import capacity
+from deep_gemm.device.crosscore import KernelDeadlockError
+from deep_gemm.heuristics.config import GemmConfig, GemmDesc
+from deep_gemm.jit import build
+from deep_gemm.kernels.bf16_gemm import launch_bf16_gemm
+from deep_gemm.kernels.common import gemm_constants, gm_view, out_storage_dtype
+from deep_gemm.testing import calc_diff
+
+CONFIG = dict(block_m=64, block_n=64, block_k=64, mad_m=32, mad_n=32, mad_k=32, num_l1_stages=2, num_l0_stages=2,
+              num_l0c_stages=2, path="cube")
+UB_BYTES = 253952
+
+
+def mixed_relu_kernel(m, n, k, cores, out_dtype, template="examples/mixed_relu", name="mixed_relu"):
+    desc = GemmDesc(m=m, n=n, k=k, a_dtype="bf16", b_dtype="bf16", out_dtype=out_dtype, num_ai_cores=cores)
+    config = GemmConfig(num_ai_cores=cores, **CONFIG)
+    capacity.check_buffer_capacity(desc, config, runtime.get_arch_spec())
+    constants = gemm_constants(desc, config, "nk", resident_a=False)
+    constants.update(NUM_UB_STAGES=2, UB_BYTES=UB_BYTES)
+    return build(name, constants, template=template), config
+
+
+def run_mixed_relu(rng, m, n, k, cores, out_dtype="fp32", **kw):
+    a, b = bf16_operand(rng, m, k, "k"), bf16_operand(rng, n, k, "k")
+    d, _ = output(rng, m, n, out_dtype, with_c=False)
+    kernel, config = mixed_relu_kernel(m, n, k, cores, out_dtype, **kw)
+    flat_a, sa = gm_view(a.storage, np.uint16)
+    flat_b, sb = gm_view(b.storage, np.uint16)
+    flat_d, sd = gm_view(d, out_storage_dtype(out_dtype))
+    kernel(flat_a, sa, flat_b, sb, flat_d, sd, m, n, k)
+    return d, a, b, config
+
+
+@pytest.mark.parametrize("out_dtype", ["fp32", "bf16"])
+def test_mixed_relu_matches_numpy_and_the_gemm(rng, out_dtype):
+    m, n, k = 100, 96, 80  # ragged M and K: partial tiles, partial MAD tiles, AIV1 halves with 0 rows
+    d, a, b, config = run_mixed_relu(rng, m, n, k, cores=3, out_dtype=out_dtype)
+    ref = np.maximum(a.values @ b.values.T, 0)
+    got = as_float(d)
+    assert not np.isnan(got).any()
+    assert calc_diff(got, ref) < 1e-5
+    assert ((got == 0) == (ref <= 0)).mean() > 0.99
+    # bit-exact: the AIVs' ReLU of the AIC's fp32 tiles == ReLU of the BF16 GEMM kernel's fp32 output, same config
+    d_gemm = np.empty((m, n), np.float32)
+    with runtime.runtime_scope(num_ai_cores=3):
+        launch_bf16_gemm(a.storage, "k", b.storage, "k", d_gemm, m, n, k, with_accumulation=False, alpha=1.0,
+                         compiled_dims="nk", config=config)
+    relu = np.where(d_gemm < 0, np.float32(0), d_gemm)
+    if out_dtype == "bf16":
+        from deep_gemm.utils import fp32_to_bf16_bits
+
+        np.testing.assert_array_equal(d, fp32_to_bf16_bits(relu))
+    else:
+        np.testing.assert_array_equal(d.view(np.uint32), relu.view(np.uint32))
+
+
+def test_mixed_relu_bitwise_equal_over_cores_and_threads(rng):
+    m, n, k = 200, 160, 96  # 4 x 3 output tiles: several tiles per core on 1 and 7 cores, idle cores on 32
+    state = rng.bit_generator.state
+    saved = numba.get_num_threads()
+    outs = {}
+    try:
+        for cores in (1, 7, 32):
+            for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+                numba.set_num_threads(threads)
+                rng.bit_generator.state = state
+                d, a, b, _ = run_mixed_relu(rng, m, n, k, cores)
+                outs[cores, threads] = d.copy()
+    finally:
+        numba.set_num_threads(saved)
+    first = next(iter(outs.values()))
+    for key, d in outs.items():
+        np.testing.assert_array_equal(d.view(np.uint32), first.view(np.uint32), err_msg=str(key))
+    ref = np.maximum(a.values @ b.values.T, 0)
+    assert calc_diff(first.astype(np.float64), ref) < 1e-5
+
+
+@pytest.mark.parametrize("cores", [1, 7, 32])
+def test_deadlocking_example_reports_instead_of_hanging(rng, cores):
+    m, n, k = 64, 64, 64
+    with pytest.raises(KernelDeadlockError) as info:
+        run_mixed_relu(rng, m, n, k, cores, template="examples/mixed_deadlock", name="mixed_deadlock")
+    err = info.value
+    assert err.core == 0 and err.sub_core == "AIC" and err.event_id == 2  # FREE_FLAG + stage 0, never armed
+    text = str(err)
+    assert "mixed_deadlock" in text and "AIC" in text and "CrossCoreWaitFlag(2)" in text
+    source = (err_path := _kernel_asc("mixed_deadlock")).read_text().splitlines()
+    assert "CrossCoreWaitFlag(FREE_FLAG + ub_stage)" in source[err.line - 1], err_path
+
+
+def _kernel_asc(name):
+    from deep_gemm.jit import compile as jit_compile
+
+    return next(k.path for k in jit_compile._by_digest.values() if k.name == name) / "kernel.asc"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_sync_all_phases_order_cores(rng, monkeypatch, threads):
+    from deep_gemm.jit import launch
+
+    monkeypatch.setattr(launch, "num_threads", lambda: threads)
+    cores, width = 5, 7
+    kernel = build("sync_all", {"NUM_AI_CORES": cores, "WIDTH": width}, template="examples/sync_all",
+                   device_module="deep_gemm.jit.example_device")
+    assert kernel.phases == ("sync_all_p0", "sync_all_p1")
+    x = rng.standard_normal(cores * width).astype(np.float32)
+    work = np.full_like(x, np.nan)
+    out = np.full_like(x, np.nan)
+    kernel(x, work, out)
+    sq = (x * x).reshape(cores, width)
+    np.testing.assert_array_equal(out.reshape(cores, width), np.roll(sq, 1, axis=0) + np.roll(sq, -1, axis=0))
+
+
+SYNC_ALL_ERRORS = {
+    "used after": ("const int32_t c = GetBlockIdx(); x[c] = 1.0f; SyncAll(); x[c] = 2.0f;",
+                   "'c' was declared before SyncAll()"),
+    "nested": ("if (GetBlockIdx() == 0) { SyncAll(); }", "top level of the kernel entry"),
+    "return before": ("if (GetBlockIdx() == 0) { return; } SyncAll(); x[0] = 1.0f;", "waiting at the barrier"),
+    "mode 0": ("if ASCEND_IS_AIV { CrossCoreSetFlag<0, PIPE_MTE3>(1); }", "use SyncAll() across cores"),
+    "wait in helper": (None, "available in the kernel entry only"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SYNC_ALL_ERRORS))
+def test_mixed_and_sync_all_translate_errors(case):
+    from deep_gemm.jit.errors import TranslateError
+    from deep_gemm.jit.translate import translate
+
+    body, message = SYNC_ALL_ERRORS[case]
+    helper = ""
+    if body is None:
+        helper = "__aicore__ inline void h() { CrossCoreWaitFlag(1); }\n"
+        body = "if ASCEND_IS_AIC { h(); }"
+    source = (f"constexpr int32_t NUM_AI_CORES = 2;\n{helper}"
+              f'extern "C" __global__ __aicore__ void k(GlobalTensor<float> x) {{\n    {body}\n}}\n')
+    with pytest.raises(TranslateError, match=message):
+        translate(source, template="case.asc")
