@@ -74,7 +74,8 @@ _export(
 _export(".estimate", "estimate_gemm", "GemmEstimate")
 
 # Submodules
-_SUBMODULES = ("utils", "testing", "heuristics", "jit", "device", "kernels", "api", "envs", "runtime")
+# NOTES: deep_gemm.epilogue holds DeepGEMM-Ascend's epilogue classes (Epilogue, Identity, Alpha, FP8Quantization).
+_SUBMODULES = ("utils", "testing", "heuristics", "jit", "device", "kernels", "api", "envs", "runtime", "epilogue")
 
 
 def __getattr__(name: str):

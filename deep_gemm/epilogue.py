@@ -57,6 +57,14 @@ class FP8Quantization(Epilogue):
         return f"FP8Quantization(sfd: {self.sfd.dtype}{list(self.sfd.shape)})"
 
 
+def is_fp8_output(epilogue: object) -> bool:
+    """Whether ``epilogue`` asks for FP8 output; TypeError for anything that is neither None nor an Epilogue."""
+    if epilogue is not None and not isinstance(epilogue, Epilogue):
+        raise TypeError(f"epilogue must be a deep_gemm.epilogue.Epilogue or None, got {type(epilogue).__name__}: "
+                        f"{epilogue!r}")
+    return isinstance(epilogue, FP8Quantization)
+
+
 def check_epilogue(epilogue: object, alpha: object, d: np.ndarray, c: object, m: int, n: int):
     """Validate an epilogue call of a dense GEMM; returns (alpha as float or None, sfd or None). Writes nothing.
 

@@ -111,12 +111,17 @@ def transposed(x: object) -> object:
     return x.T if isinstance(x, np.ndarray) else x
 
 
-def check_output(d: object, m: int, n: int, c: object) -> tuple[np.ndarray, np.ndarray | None, str]:
-    """D (and C) are [M, N], bf16 or fp32, unit-stride rows; C has D's dtype and shape. Returns (d, c, out_kind)."""
+def check_output(d: object, m: int, n: int, c: object,
+                 fp8_out: bool = False) -> tuple[np.ndarray, np.ndarray | None, str]:
+    """D (and C) are [M, N], bf16 or fp32 (float8_e4m3fn with ``fp8_out``: the FP8Quantization epilogue), unit-stride
+    rows; C has D's dtype and shape. Returns (d, c, out_kind)."""
     d = require_array(d, "d")
-    out_kind = OUT_KINDS.get(d.dtype)
+    out_kind = "fp8" if fp8_out and d.dtype == FP8 else OUT_KINDS.get(d.dtype)
     if out_kind is None:
-        raise TypeError(f"d has dtype {d.dtype}; expected bfloat16 or float32")
+        if fp8_out:
+            raise TypeError(f"d has dtype {d.dtype}; FP8 output (epilogue=FP8Quantization) needs float8_e4m3fn")
+        hint = " (float8_e4m3fn output needs epilogue=FP8Quantization(sfd))" if d.dtype == FP8 else ""
+        raise TypeError(f"d has dtype {d.dtype}; expected bfloat16 or float32{hint}")
     if d.ndim != 2 or d.shape != (m, n):
         raise ValueError(f"d must have shape (m, n) = {(m, n)}, got {d.shape}")
     if d.size and n > 1 and d.strides[1] != d.itemsize:

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import runtime
+from ..epilogue import Epilogue, check_epilogue, is_fp8_output
 from ..heuristics.config import GemmConfig
 from ..utils.layout import rebalance_sf_exponents, transform_sf_into_required_layout
+from ..utils.math import per_token_cast_to_fp8
 from .checks import (
     Operand,
     check_alpha,
@@ -74,7 +76,8 @@ class Fp8Fp4Problem:
         return self.op_a.k
 
 
-def check_fp8_fp4_problem(a, b, d, c, recipe, recipe_a, recipe_b, disable_ue8m0_cast) -> Fp8Fp4Problem:
+def check_fp8_fp4_problem(a, b, d, c, recipe, recipe_a, recipe_b, disable_ue8m0_cast,
+                          fp8_out: bool = False) -> Fp8Fp4Problem:
     """Every check of an FP8/FP4 GEMM call (shared with the numpy reference GEMMs); writes nothing."""
     # Operand checks
     a_arr, sfa = _split_pair(a, "a")
@@ -91,7 +94,7 @@ def check_fp8_fp4_problem(a, b, d, c, recipe, recipe_a, recipe_b, disable_ue8m0_
     check_dims(m=op_a.mn, n=op_b.mn, k=op_a.k)
 
     # Output and recipes
-    d, c, out_kind = check_output(d, op_a.mn, op_b.mn, c)
+    d, c, out_kind = check_output(d, op_a.mn, op_b.mn, c, fp8_out)
     check_no_alias(d, a=a_arr, b=b_arr, sfa=sfa, sfb=sfb)
     if not isinstance(disable_ue8m0_cast, bool):
         raise TypeError(f"disable_ue8m0_cast must be a bool, got {disable_ue8m0_cast!r}")
@@ -134,7 +137,31 @@ def _prepare_accumulation(d: np.ndarray, c: np.ndarray | None) -> bool:
 
 
 def _out_view(d: np.ndarray, out_kind: str) -> np.ndarray:
-    return d.view(np.uint16) if out_kind == "bf16" else d
+    return d.view(np.uint16) if out_kind == "bf16" else d.view(np.uint8) if out_kind == "fp8" else d
+
+
+def _check_epilogue(epilogue, alpha, d, c, m: int, n: int, **inputs) -> tuple[object, np.ndarray | None]:
+    """(alpha, sfd): the epilogue's checks (deep_gemm.epilogue.check_epilogue), sfd against every input."""
+    alpha, sfd = check_epilogue(epilogue, alpha, d, c, m, n)
+    if sfd is not None:
+        for name, x in inputs.items():
+            if x is not None and np.shares_memory(sfd, x):
+                raise ValueError(f"sfd shares memory with {name}; the output must not alias an input")
+    return alpha, sfd
+
+
+def _fp8_out_early_return(d: np.ndarray, sfd: np.ndarray, m: int, n: int, k: int) -> bool:
+    """FP8 output of an empty product (K == 0): D = 0 quantized as the per-token cast quantizes zeros."""
+    if m == 0 or n == 0:
+        return True
+    if k == 0:
+        if not runtime.get_dry_run():
+            _, sf = per_token_cast_to_fp8(np.zeros((1, 64), np.float32), use_ue8m0=True, gran_k=32)
+            exp = int(sf.view(np.uint32)[0, 0] >> 23)
+            d.view(np.uint8)[...] = 0
+            sfd.view(np.uint16)[...] = exp | (exp << 8)
+        return True
+    return False
 
 
 def fp8_fp4_gemm_nt(
@@ -148,6 +175,7 @@ def fp8_fp4_gemm_nt(
     compiled_dims: str = "nk",
     disable_ue8m0_cast: bool = False,
     alpha: float | None = None,
+    epilogue: Epilogue | None = None,
 ) -> GemmConfig | None:
     """D = C + alpha * dequant(A) @ dequant(B)^T with fp32 accumulation, on the AI-core stand-in.
 
@@ -156,21 +184,28 @@ def fp8_fp4_gemm_nt(
     Ascend layout [MN, ceil(K/64)] with strides (1, MN). recipe defaults to MX (1, 1, 32); the CUDA DeepGEMM
     recipes (1, 128, 128) and (1, 1, 128) are accepted with fp32 scales. d: bfloat16 or float32 [M, N] with
     unit-stride rows; c: like d, or c=d to accumulate in place. Operand pairs: fp8 x fp8, fp4 x fp4, fp8 x fp4.
+    epilogue: deep_gemm.epilogue.Identity(), Alpha(alpha) (excludes ``alpha``) or FP8Quantization(sfd): d is
+    then float8_e4m3fn and sfd int16 [M, N/64] with strides (1, M) receives one UE8M0 scale per row per 32
+    columns (N % 64 == 0, no c, no alpha), as deep_gemm.utils.per_token_cast_to_fp8 of the fp32 result.
     Returns the kernel's GemmConfig (None on an early return). Reads get_num_ai_cores(), get_npu_arch(),
-    dry-run mode; env DG_JIT_CACHE_DIR, DG_JIT_DEBUG, DG_PRINT_CONFIGS.
+    dry-run mode; env DG_JIT_CACHE_DIR, DG_JIT_DEBUG, DG_PRINT_CONFIGS, DG_SYNC_CHECK.
     """
-    p = check_fp8_fp4_problem(a, b, d, c, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
+    fp8_out = is_fp8_output(epilogue)
+    p = check_fp8_fp4_problem(a, b, d, c, recipe, recipe_a, recipe_b, disable_ue8m0_cast, fp8_out)
+    alpha, sfd = _check_epilogue(epilogue, alpha, p.d, p.c, p.m, p.n, a=p.op_a.array, b=p.op_b.array)
     alpha_f = check_alpha(alpha)
     dims = check_compiled_dims(compiled_dims)
     op_a, op_b, d, c, m, n, k = p.op_a, p.op_b, p.d, p.c, p.m, p.n, p.k
 
     # Scales as the chip applies them: the chip scales a block's product by 2^(ea + eb), the stand-in each operand;
     # exponents move between A, B and alpha (exact powers of two) until every fp32 step is exact (or Inf as on chip)
-    sfa, sfb, out_shift = rebalance_sf_exponents(p.sfa, p.sfb, k, op_a.kind, op_b.kind, _max_alpha_shift(alpha_f))
+    # NOTES: FP8 output quantizes the fp32 tile itself (there is no alpha), so nothing may move onto alpha.
+    max_shift = 0 if fp8_out else _max_alpha_shift(alpha_f)
+    sfa, sfb, out_shift = rebalance_sf_exponents(p.sfa, p.sfb, k, op_a.kind, op_b.kind, max_shift)
     alpha_f = math.ldexp(alpha_f, out_shift)
 
     # Early return
-    if _early_return(d, c, m, n, k):
+    if _fp8_out_early_return(d, sfd, m, n, k) if fp8_out else _early_return(d, c, m, n, k):
         return None
 
     # Dispatch
@@ -180,33 +215,33 @@ def fp8_fp4_gemm_nt(
     return launch_fp8_gemm(
         op_a.gm, op_a.major, op_a.kind, sfa, op_b.gm, op_b.major, op_b.kind, sfb,
         _out_view(d, p.out_kind), m, n, k,
-        with_accumulation=with_acc, alpha=alpha_f, compiled_dims=dims,
+        with_accumulation=with_acc, alpha=alpha_f, compiled_dims=dims, sfd=sfd,
     )
 
 
 def fp8_fp4_gemm_nn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk",
-                    disable_ue8m0_cast=False, alpha=None):
+                    disable_ue8m0_cast=False, alpha=None, epilogue=None):
     """As ``fp8_fp4_gemm_nt`` with B given as [K, N] and its scale factors as [ceil(K/gran_k), N]."""
     b_arr, sfb = _split_pair(b, "b")
     return fp8_fp4_gemm_nt(a, (b_arr.T, transposed(sfb)), d, c, recipe, recipe_a, recipe_b, compiled_dims,
-                           disable_ue8m0_cast, alpha)
+                           disable_ue8m0_cast, alpha, epilogue)
 
 
 def fp8_fp4_gemm_tn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn",
-                    disable_ue8m0_cast=False, alpha=None):
+                    disable_ue8m0_cast=False, alpha=None, epilogue=None):
     """As ``fp8_fp4_gemm_nt`` with A given as [K, M] and B as [K, N] (scale factors transposed likewise)."""
     a_arr, sfa = _split_pair(a, "a")
     b_arr, sfb = _split_pair(b, "b")
     return fp8_fp4_gemm_nt((a_arr.T, transposed(sfa)), (b_arr.T, transposed(sfb)), d, c, recipe, recipe_a,
-                           recipe_b, compiled_dims, disable_ue8m0_cast, alpha)
+                           recipe_b, compiled_dims, disable_ue8m0_cast, alpha, epilogue)
 
 
 def fp8_fp4_gemm_tt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn",
-                    disable_ue8m0_cast=False, alpha=None):
+                    disable_ue8m0_cast=False, alpha=None, epilogue=None):
     """As ``fp8_fp4_gemm_nt`` with A given as [K, M] (its scale factors as [ceil(K/gran_k), M])."""
     a_arr, sfa = _split_pair(a, "a")
     return fp8_fp4_gemm_nt((a_arr.T, transposed(sfa)), b, d, c, recipe, recipe_a, recipe_b, compiled_dims,
-                           disable_ue8m0_cast, alpha)
+                           disable_ue8m0_cast, alpha, epilogue)
 
 
 # DeepGEMM's aliases
@@ -216,14 +251,15 @@ fp8_gemm_tn = fp8_fp4_gemm_tn
 fp8_gemm_tt = fp8_fp4_gemm_tt
 
 
-def check_bf16_problem(a, b, d, c) -> tuple[Operand, Operand, np.ndarray, np.ndarray | None, str]:
+def check_bf16_problem(a, b, d, c, fp8_out: bool = False) -> tuple[Operand, Operand, np.ndarray, np.ndarray | None,
+                                                                   str]:
     """Every check of a BF16 GEMM call (shared with the numpy reference GEMMs); writes nothing."""
     op_a = make_operand(a, "a", ("bf16",))
     op_b = make_operand(b, "b", ("bf16",))
     if op_a.k != op_b.k:
         raise ValueError(f"A and B disagree on K: {op_a.k=} {op_b.k=} (a.shape={a.shape}, b.shape={b.shape})")
     check_dims(m=op_a.mn, n=op_b.mn, k=op_a.k)
-    d, c, out_kind = check_output(d, op_a.mn, op_b.mn, c)
+    d, c, out_kind = check_output(d, op_a.mn, op_b.mn, c, fp8_out)
     check_no_alias(d, a=op_a.array, b=op_b.array)
     return op_a, op_b, d, c, out_kind
 
@@ -235,15 +271,19 @@ def bf16_gemm_nt(
     c: np.ndarray | None = None,
     compiled_dims: str = "nk",
     alpha: float | None = None,
+    epilogue: Epilogue | None = None,
 ) -> GemmConfig | None:
     """D = C + alpha * A @ B^T with fp32 accumulation. A: bfloat16 [M, K], B: bfloat16 [N, K] (either major);
-    d: bfloat16 or float32 [M, N]; c like d (or c=d). Returns the kernel's GemmConfig (None on an early return)."""
-    op_a, op_b, d, c, out_kind = check_bf16_problem(a, b, d, c)
+    d: bfloat16 or float32 [M, N]; c like d (or c=d); epilogue as for ``fp8_fp4_gemm_nt`` (FP8Quantization: d
+    float8_e4m3fn plus sfd). Returns the kernel's GemmConfig (None on an early return)."""
+    fp8_out = is_fp8_output(epilogue)
+    op_a, op_b, d, c, out_kind = check_bf16_problem(a, b, d, c, fp8_out)
     m, n, k = op_a.mn, op_b.mn, op_a.k
+    alpha, sfd = _check_epilogue(epilogue, alpha, d, c, m, n, a=op_a.array, b=op_b.array)
     alpha_f = check_alpha(alpha)
     dims = check_compiled_dims(compiled_dims)
 
-    if _early_return(d, c, m, n, k):
+    if _fp8_out_early_return(d, sfd, m, n, k) if fp8_out else _early_return(d, c, m, n, k):
         return None
 
     from ..kernels.bf16_gemm import launch_bf16_gemm
@@ -251,21 +291,21 @@ def bf16_gemm_nt(
     with_acc = _prepare_accumulation(d, c)
     return launch_bf16_gemm(
         op_a.gm, op_a.major, op_b.gm, op_b.major, _out_view(d, out_kind), m, n, k,
-        with_accumulation=with_acc, alpha=alpha_f, compiled_dims=dims,
+        with_accumulation=with_acc, alpha=alpha_f, compiled_dims=dims, sfd=sfd,
     )
 
 
-def bf16_gemm_nn(a, b, d, c=None, compiled_dims="nk", alpha=None):
+def bf16_gemm_nn(a, b, d, c=None, compiled_dims="nk", alpha=None, epilogue=None):
     """As ``bf16_gemm_nt`` with B given as [K, N]."""
-    return bf16_gemm_nt(a, transposed(require_array(b, "b")), d, c, compiled_dims, alpha)
+    return bf16_gemm_nt(a, transposed(require_array(b, "b")), d, c, compiled_dims, alpha, epilogue)
 
 
-def bf16_gemm_tn(a, b, d, c=None, compiled_dims="mn", alpha=None):
+def bf16_gemm_tn(a, b, d, c=None, compiled_dims="mn", alpha=None, epilogue=None):
     """As ``bf16_gemm_nt`` with A given as [K, M] and B as [K, N]."""
     return bf16_gemm_nt(transposed(require_array(a, "a")), transposed(require_array(b, "b")), d, c, compiled_dims,
-                        alpha)
+                        alpha, epilogue)
 
 
-def bf16_gemm_tt(a, b, d, c=None, compiled_dims="mn", alpha=None):
+def bf16_gemm_tt(a, b, d, c=None, compiled_dims="mn", alpha=None, epilogue=None):
     """As ``bf16_gemm_nt`` with A given as [K, M]."""
-    return bf16_gemm_nt(transposed(require_array(a, "a")), b, d, c, compiled_dims, alpha)
+    return bf16_gemm_nt(transposed(require_array(a, "a")), b, d, c, compiled_dims, alpha, epilogue)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import runtime
+from .. import envs, runtime
 from ..heuristics.arch import ArchSpec
 from ..heuristics.config import GemmConfig, GemmDesc
 from .family import KernelFamily, PreparedKernel
@@ -19,7 +19,7 @@ from .family import KernelFamily, PreparedKernel
 # NOTES: outputs and operands arrive as numpy arrays whose bits the kernels read; these dtypes are the storage
 # the kernels are compiled for (views of other same-width dtypes are taken, never copies).
 _STORAGE = {"fp8": np.uint8, "fp4": np.uint8, "bf16": np.uint16}
-_OUT_STORAGE = {"bf16": np.uint16, "fp32": np.float32}
+_OUT_STORAGE = {"bf16": np.uint16, "fp32": np.float32, "fp8": np.uint8}
 
 
 # NOTES: the schedules the GEMM templates implement: one M x N grid, or the M-grouped walk over each group's rows
@@ -91,8 +91,21 @@ def out_storage_dtype(out_dtype: str) -> type:
 
 
 def out_dtype_of(d: np.ndarray) -> str:
-    """"fp32" for a float32 D, else "bf16" (uint16 bits or ml_dtypes.bfloat16)."""
-    return "fp32" if d.dtype == np.float32 else "bf16"
+    """"fp32" for a float32 D, "fp8" for e4m3 codes (uint8 or float8_e4m3fn: the FP8Quantization epilogue), else
+    "bf16" (uint16 bits or ml_dtypes.bfloat16)."""
+    if d.dtype == np.float32:
+        return "fp32"
+    return "fp8" if d.itemsize == 1 else "bf16"
+
+
+def out_args(d: np.ndarray, out_dtype: str, sfd: np.ndarray | None) -> dict[str, object]:
+    """The entry's D parameters by name: gm_d / stride_d, plus gm_sfd / stride_sfd (uint16 rows [N/64, >= M], the
+    physical form of the int16 [M, N/64] scales with strides (1, M)) for FP8 output."""
+    flat_d, stride_d = gm_view(d, out_storage_dtype(out_dtype))
+    args = {"gm_d": flat_d, "stride_d": stride_d}
+    if sfd is not None:
+        args["gm_sfd"], args["stride_sfd"] = gm_view(sfd.T, np.uint16)
+    return args
 
 
 def compiled_shape(compiled_dims: str, m: int, n: int, k: int) -> dict[str, int]:
@@ -125,7 +138,12 @@ def gemm_template_constants(desc: GemmDesc, config: GemmConfig, arch: ArchSpec, 
 
     resident_a = keeps_a_resident(desc, config, arch, k_is_compiled="k" in compiled_dims)
     check_buffer_capacity(desc, config, arch, resident_a=resident_a)
-    return gemm_constants(desc, config, compiled_dims, resident_a)
+    constants = gemm_constants(desc, config, compiled_dims, resident_a)
+    if desc.out_dtype == "fp8":  # the FP8Quantization epilogue: a mixed kernel; the AIVs' UB stages and size
+        from ..heuristics.config import EPILOGUE_UB_STAGES
+
+        constants.update(NUM_UB_STAGES=EPILOGUE_UB_STAGES, UB_BYTES=arch.ub_bytes)
+    return constants
 
 
 def _select_config(desc: GemmDesc, arch: ArchSpec) -> GemmConfig:
@@ -156,15 +174,17 @@ def prepare_gemm(family: KernelFamily, m: int, n: int, k: int, a_dtype: str, b_d
     the first time a problem is seen.
     """
     num_ai_cores, arch = current_target()
+    # NOTES: DG_SYNC_CHECK builds other kernels (the checker's): part of the key, and an option of the build.
+    sync_check = envs.DG_SYNC_CHECK.get()
     key = (m, n, k, a_dtype, b_dtype, out_dtype, major_a, major_b, with_accumulation, compiled_dims, num_ai_cores,
-           arch.name, config, gemm_type, num_groups)
+           arch.name, config, gemm_type, num_groups, sync_check)
     prepared = family.lookup(key)
     if prepared is None:
         desc = GemmDesc(m=m, n=n, k=k, a_dtype=a_dtype, b_dtype=b_dtype, out_dtype=out_dtype, major_a=major_a,
                         major_b=major_b, with_accumulation=with_accumulation, num_ai_cores=num_ai_cores,
                         gemm_type=gemm_type, num_groups=num_groups)
         prepared = family.prepare(desc, arch=arch, config=config, options={"compiled_dims": compiled_dims},
-                                  memo_key=key)
+                                  memo_key=key, sync_check=sync_check)
     return prepared
 
 

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from .. import runtime
+from .. import envs, runtime
 from ..heuristics.arch import ArchSpec
 
 # Every family defined (name -> KernelFamily); tools and tests enumerate them.
@@ -78,14 +78,16 @@ class KernelFamily:
         return self._prepared.get(memo_key)
 
     def prepare(self, desc: Hashable, *, arch: ArchSpec, config: Hashable | None = None, options: dict | None = None,
-                memo_key: Hashable | None = None) -> PreparedKernel:
+                memo_key: Hashable | None = None, sync_check: bool | None = None) -> PreparedKernel:
         """Resolve (memoized per problem) the config, the template constants and the built kernel of ``desc``.
 
         ``config`` overrides the heuristic (tests and benchmarks); ``options`` are extra keyword arguments of
         template_constants (e.g. compiled_dims); ``memo_key`` also files the result for lookup().
         """
         options = options or {}
-        key = (desc, arch.name, config, tuple(sorted(options.items())))
+        # NOTES: DG_SYNC_CHECK builds the checker's kernels (jit.build reads it): they are other kernels.
+        sync_check = envs.DG_SYNC_CHECK.get() if sync_check is None else sync_check
+        key = (desc, arch.name, config, tuple(sorted(options.items())), sync_check)
         prepared = self._prepared.get(key)
         if prepared is None:
             # Heavy imports only on the first call of a problem: the JIT (and, at build, numba).

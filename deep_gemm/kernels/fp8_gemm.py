@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..heuristics.config import GemmConfig
-from .common import GroupedLayout, gemm_family, gm_view, out_dtype_of, out_storage_dtype, prepare_gemm, sf_view
+from .common import GroupedLayout, gemm_family, gm_view, out_args, out_dtype_of, prepare_gemm, sf_view
 
 FP8_GEMM = gemm_family("fp8_gemm")
 
@@ -17,7 +17,7 @@ def launch_fp8_gemm(gm_a: np.ndarray, major_a: str, a_dtype: str, sfa: np.ndarra
                     b_dtype: str, sfb: np.ndarray, d: np.ndarray, m: int, n: int, k: int, *,
                     with_accumulation: bool, alpha: float, compiled_dims: str,
                     config: GemmConfig | None = None, gemm_type: str = "normal", num_groups: int = 1,
-                    grouped: GroupedLayout | None = None) -> GemmConfig:
+                    grouped: GroupedLayout | None = None, sfd: np.ndarray | None = None) -> GemmConfig:
     """Run (or, in dry-run mode, only build and compile) the FP8/FP4 GEMM kernel; returns its GemmConfig.
 
     gm_a / gm_b: uint8 physical storage with unit last stride: K-major [MN, >= K] (fp8) or [MN, >= K/2] (packed
@@ -29,7 +29,10 @@ def launch_fp8_gemm(gm_a: np.ndarray, major_a: str, a_dtype: str, sfa: np.ndarra
     the groups' rows are; gm_b / sfb hold every group's B one after another (``grouped.group_stride_b`` /
     ``group_stride_sfb`` elements apart); m and ``num_groups`` describe the problem to the heuristic only
     (total real rows and the groups that have any).
-    Reads runtime.get_num_ai_cores(), get_arch_spec(), get_dry_run(); env DG_PRINT_CONFIGS prints configs.
+    FP8 output (the FP8Quantization epilogue): d uint8 e4m3 codes [M, >= N] and ``sfd`` int16 [M, N/64] with
+    strides (1, M), N % 64 == 0, no accumulation, alpha 1; the kernel is a mixed one (lib/epilogue.asc.j2).
+    Reads runtime.get_num_ai_cores(), get_arch_spec(), get_dry_run(); env DG_PRINT_CONFIGS prints configs,
+    DG_SYNC_CHECK builds the checker's kernels.
     """
     prepared = prepare_gemm(FP8_GEMM, int(m), int(n), int(k), a_dtype, b_dtype, out_dtype_of(d), major_a, major_b,
                             bool(with_accumulation), compiled_dims, config, gemm_type, int(num_groups))
@@ -37,11 +40,11 @@ def launch_fp8_gemm(gm_a: np.ndarray, major_a: str, a_dtype: str, sfa: np.ndarra
     flat_b, stride_b = gm_view(gm_b, np.uint8)
     flat_sfa, stride_sfa = sf_view(sfa)
     flat_sfb, stride_sfb = sf_view(sfb)
-    flat_d, stride_d = gm_view(d, out_storage_dtype(prepared.desc.out_dtype))
     grouped_args = grouped.kernel_args(with_sf=True) if gemm_type != "normal" else {}
     prepared.launch(gm_a=flat_a, stride_a=stride_a, gm_sfa=flat_sfa, stride_sfa=stride_sfa, gm_b=flat_b,
-                    stride_b=stride_b, gm_sfb=flat_sfb, stride_sfb=stride_sfb, gm_d=flat_d, stride_d=stride_d,
-                    shape_m=m, shape_n=n, shape_k=k, alpha=alpha, **grouped_args)
+                    stride_b=stride_b, gm_sfb=flat_sfb, stride_sfb=stride_sfb,
+                    **out_args(d, prepared.desc.out_dtype, sfd), shape_m=m, shape_n=n, shape_k=k, alpha=alpha,
+                    **grouped_args)
     return prepared.config
 
 

@@ -12,7 +12,18 @@ from deep_gemm.jit.render import default_template_dir, render
 from deep_gemm.jit.translate import find_error_node, parse
 
 EXAMPLES = sorted(p.name.removesuffix(".asc.j2") for p in (default_template_dir() / "examples").glob("*.asc.j2"))
-EXAMPLE_CONSTANTS = {"NUM_AI_CORES": 4, "TILE": 16, "SCALE": 1.5, "ROWS": 5, "COLS": 7, "USE_BIAS": False}
+EXAMPLE_CONSTANTS = {"NUM_AI_CORES": 4, "TILE": 16, "SCALE": 1.5, "ROWS": 5, "COLS": 7, "USE_BIAS": False,
+                     "WIDTH": 3}
+
+
+def _mixed_constants() -> dict:
+    """The mixed examples are BF16 GEMMs: the GEMM library's constants plus the UB hand-off's."""
+    from deep_gemm.heuristics.config import GemmConfig, GemmDesc
+    from deep_gemm.kernels.common import gemm_constants
+
+    desc = GemmDesc(m=64, n=64, k=64, a_dtype="bf16", b_dtype="bf16", out_dtype="fp32", num_ai_cores=4)
+    config = GemmConfig(64, 64, 64, 32, 32, 32, num_l1_stages=2, num_ai_cores=4)
+    return {**gemm_constants(desc, config, "nk", resident_a=False), "NUM_UB_STAGES": 2, "UB_BYTES": 253952}
 
 
 def test_examples_exist():
@@ -21,7 +32,8 @@ def test_examples_exist():
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_every_example_renders_and_parses_cleanly(name):
-    source = render(f"examples/{name}", EXAMPLE_CONSTANTS)
+    constants = _mixed_constants() if name.startswith("mixed_") else EXAMPLE_CONSTANTS
+    source = render(f"examples/{name}", constants)
     root, _, _ = parse(source)
     assert find_error_node(root) is None
     assert not root.has_error
