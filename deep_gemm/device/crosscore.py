@@ -16,6 +16,8 @@ Flag semantics (flag ids 0..15 per receiving sub-core, counting sets; a wait con
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 from numba import njit
 
@@ -37,10 +39,16 @@ UB_ALIGN = 32
 INFO_SIZE = 1 + 2 * NUM_SUB_CORES
 
 
+def template_location(module_name: str, line: int) -> str | None:
+    """"<template file>:<line>" of kernel.asc line ``line`` of a generated kernel module (its _DG_WHERE table)."""
+    module = sys.modules.get(module_name)
+    return getattr(module, "_DG_WHERE", {}).get(int(line)) if module is not None else None
+
+
 class KernelDeadlockError(RuntimeError):
     """A CrossCoreWaitFlag of a mixed kernel can never return: every live sub-core of a logical core waits and no
     flag can change. Attributes: kernel, core, sub_core ("AIC", "AIV0", "AIV1"), event_id, line (of kernel.asc),
-    num_waiting (sub-cores blocked)."""
+    where (template file and line), num_waiting (sub-cores blocked)."""
 
     @property
     def kernel(self) -> str:
@@ -66,12 +74,17 @@ class KernelDeadlockError(RuntimeError):
     def num_waiting(self) -> int:
         return int(self.args[5])
 
+    @property
+    def where(self) -> str | None:
+        return template_location(self.args[6], self.line)
+
     def __str__(self) -> str:
-        if len(self.args) != 6:
+        if len(self.args) != 7:
             return super().__str__()
         others = self.num_waiting - 1
+        where = f" ({self.where})" if self.where else ""
         return (f"deadlock in kernel {self.kernel}: on logical core {self.core}, {self.sub_core} waits in "
-                f"CrossCoreWaitFlag({self.event_id}) at kernel.asc line {self.line}, and no set can reach it "
+                f"CrossCoreWaitFlag({self.event_id}) at kernel.asc line {self.line}{where}, and no set can reach it "
                 f"({others} other sub-core{'s' if others != 1 else ''} of the core also waiting, the rest finished)")
 
 

@@ -15,7 +15,7 @@ from numba import njit
 
 from ..jit import enums
 from ..jit.numba_setup import apply_numba_settings
-from .crosscore import NUM_CROSS_FLAG_IDS, NUM_SUB_CORES, SUB_CORE_NAMES
+from .crosscore import NUM_CROSS_FLAG_IDS, NUM_SUB_CORES, SUB_CORE_NAMES, template_location
 from .sync import NUM_EVENT_IDS
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
@@ -47,7 +47,7 @@ FINDINGS_SIZE = 6
 
 class SyncCheckError(RuntimeError):
     """The synchronisation checker found a protocol error. Attributes: kernel, core, sub_core, kind (text), line
-    (of kernel.asc), count (findings on this core)."""
+    (of kernel.asc), where (template file and line), count (findings on this core)."""
 
     @property
     def kernel(self) -> str:
@@ -70,6 +70,10 @@ class SyncCheckError(RuntimeError):
         return int(self.args[7])
 
     @property
+    def where(self) -> str | None:
+        return template_location(self.args[8], self.line)
+
+    @property
     def kind(self) -> str:
         kind, event, event_id = (int(a) for a in self.args[3:6])
         if kind == CROSS_SET_NEVER_WAITED:
@@ -79,12 +83,13 @@ class SyncCheckError(RuntimeError):
         return KIND_TEXT.get(kind, f"finding {kind}").format(event=event_name, id=event_id)
 
     def __str__(self) -> str:
-        if len(self.args) != 8:
+        if len(self.args) != 9:
             return super().__str__()
         more = f" ({self.count - 1} more finding{'s' if self.count != 2 else ''} on this core)" if self.count > 1 \
             else ""
+        where = f" ({self.where})" if self.where else ""
         return (f"sync check failed in kernel {self.kernel} on logical core {self.core}, {self.sub_core}: {self.kind} "
-                f"at kernel.asc line {self.line}{more}")
+                f"at kernel.asc line {self.line}{where}{more}")
 
 
 @njit(cache=True)

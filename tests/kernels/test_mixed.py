@@ -99,6 +99,7 @@ def test_deadlocking_example_reports_instead_of_hanging(rng, cores):
     assert err.core == 0 and err.sub_core == "AIC" and err.event_id == 2  # FREE_FLAG + stage 0, never armed
     text = str(err)
     assert "mixed_deadlock" in text and "AIC" in text and "CrossCoreWaitFlag(2)" in text
+    assert err.where and err.where.startswith("lib/mixed.asc.j2:") and err.where in text  # the template line too
     source = (err_path := _kernel_asc("mixed_deadlock")).read_text().splitlines()
     assert "CrossCoreWaitFlag(FREE_FLAG + ub_stage)" in source[err.line - 1], err_path
 

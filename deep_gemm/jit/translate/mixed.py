@@ -18,7 +18,7 @@ from __future__ import annotations
 from tree_sitter import Node
 
 from .. import enums
-from .ctype import BOOL, UNKNOWN, VOID, CType, Expr, int_ctype
+from .ctype import BOOL, UNKNOWN, VOID, CType, Expr, int_value
 from .emitter import strip_parens
 
 # Hidden names of the generated code (template identifiers may not start with _dg)
@@ -65,6 +65,7 @@ class MixedKernels:
             sync |= new
             changed = bool(new)
         self.sync_helpers = sync if self.sync_check else set()
+        self.sync_lines: set[int] = set()
         self.phase_dead: dict[str, int] = {}
 
     def identifiers_in(self, node: Node) -> set[str]:
@@ -129,7 +130,7 @@ class MixedKernels:
         if not self.in_subcore():
             raise self.error(node, "GetSubBlockIdx() is available in the kernel entry only; pass it to helpers")
         # NOTES: 0 on the AIC, as on the chip; 0 / 1 on AIV0 / AIV1.
-        return Expr(f"max({SUB} - 1, 0)", int_ctype(True))
+        return Expr(f"max({SUB} - 1, 0)", int_value("int64", 0, 1))  # Ascend C: int64_t GetSubBlockIdx()
 
     def constant_template_arg(self, node: Node, what: str) -> int:
         code = self.template_argument(node)
@@ -153,7 +154,7 @@ class MixedKernels:
         self.check_flag_id_constant(node, args[0], 16)
         self.used_runtime.add("cross_core_set")
         return Expr(f"cross_core_set({CROSS.rsplit(', ', 1)[0]}, {SUB}, {mode}, {strip_parens(args[0].code)}, "
-                    f"{self.line(node)})", VOID)
+                    f"{self.sync_line(node)})", VOID)
 
     def call_cross_wait(self, node: Node, template_args) -> Expr:
         args = self.call_args(node)
@@ -168,7 +169,7 @@ class MixedKernels:
         flags = "_dg_xflags, _dg_xinfo"
         # NOTES: the scheduler resumes this sub-core after other sub-cores ran; the loop re-tests the flag.
         self.emit(f"while not cross_core_try_wait({flags}, {SUB}, {strip_parens(args[0].code)}, "
-                  f"{self.line(node)}):", node)
+                  f"{self.sync_line(node)}):", node)
         self.indent += 1
         self.emit("yield 1", node)
         self.indent -= 1
@@ -212,7 +213,7 @@ class MixedKernels:
                 raise self.error(node, f"unknown function {name!r}")
             self.used_device.add(name)
             return Expr(f"{name}({', '.join(codes)})", UNKNOWN)
-        line = self.line(node)
+        line = self.sync_line(node)
         if name == "PipeBarrier":
             if len(codes) != 1:
                 raise self.error(node, "PipeBarrier<PIPE_X>() takes one pipe")
@@ -223,6 +224,12 @@ class MixedKernels:
         fn_name = "check_set_flag" if name == "SetFlag" else "check_wait_flag"
         self.used_check.add(fn_name)
         return Expr(f"{fn_name}({CHECK}, {codes[0]}, {codes[1]}, {line}, {SUB})", VOID)
+
+    def sync_line(self, node: Node) -> int:
+        """The kernel.asc line of a synchronisation call, remembered so errors can also name its template line."""
+        line = self.line(node)
+        self.sync_lines.add(line)
+        return line
 
     def hidden_params(self, sig) -> list[str]:
         """Extra leading parameters of a helper in check mode (the caller's checker state)."""
@@ -360,7 +367,7 @@ class MixedKernels:
         self.emit("# every live sub-core waits and no flag was set this round: no wait can ever return", None)
         self.emit("_dg_who = 0 if _dg_live0 else (1 if _dg_live1 else 2)", node)
         self.emit("raise KernelDeadlockError(_DG_KERNEL, _block_idx, _dg_who, _dg_xinfo[1 + 2 * _dg_who], "
-                  "_dg_xinfo[2 + 2 * _dg_who], _dg_waiting)", node)
+                  "_dg_xinfo[2 + 2 * _dg_who], _dg_waiting, _DG_MODULE)", node)
         self.indent -= 2
         self.used_runtime.update({"new_cross_state", "KernelDeadlockError"})
         self.used_check.add("new_check_state")
@@ -377,7 +384,7 @@ class MixedKernels:
     def emit_raise_findings(self) -> None:
         self.emit("if _dg_chk[0] > 0:", None)
         self.emit("    raise SyncCheckError(_DG_KERNEL, _block_idx, _dg_chk[5], _dg_chk[1], _dg_chk[2], _dg_chk[3], "
-                  "_dg_chk[4], _dg_chk[0])", None)
+                  "_dg_chk[4], _dg_chk[0], _DG_MODULE)", None)
         self.used_check.add("SyncCheckError")
 
     def mixed_header(self) -> list[str]:
@@ -390,4 +397,13 @@ class MixedKernels:
             out.append(f"from deep_gemm.device.synccheck import {', '.join(sorted(self.used_check))}  # noqa: E402")
         if getattr(self, "kernel_label_used", False):
             out.append(f"_DG_KERNEL = {self.entry.name + ' (' + self.template + ')'!r}")
+            out.append("_DG_MODULE = __name__")
+            # NOTES: where each synchronisation call of kernel.asc came from in the templates, for the messages of
+            # KernelDeadlockError / SyncCheckError (plain Python: numba code never reads it).
+            where = {}
+            for line in sorted(self.sync_lines):
+                if self.line_map is not None and line <= len(self.line_map.lines):
+                    file, template_line = self.line_map.lines[line - 1]
+                    where[line] = f"{file}:{template_line}"
+            out.append(f"_DG_WHERE = {where!r}")
         return out
