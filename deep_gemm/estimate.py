@@ -152,6 +152,8 @@ def estimate_gemm(
     with its own B); "k_grouped_contiguous" (k = total K, one M x N output per group); "batched"
     (``num_groups`` independent m x n x k GEMMs). ``arch`` and ``num_ai_cores`` default to
     ``deep_gemm.runtime`` (``get_arch_spec``, ``get_num_ai_cores``; env DG_NPU_ARCH, DG_NUM_AI_CORES).
+    ``out_dtype``: "bf16", "fp32", or "fp8" for the FP8Quantization epilogue (n % 64 == 0): FixPipe hands the
+    fp32 tiles to the AIVs' UB, the AIVs quantize them, D leaves as FP8 codes plus one scale byte per 32 columns.
 
     The actual layout of one call instead of the num_groups shortcut: ``group_sizes`` (M-grouped contiguous: the
     real rows of each group; masked: masked_m) with m = their sum, or ``ks`` (K-grouped: each group's K) with

@@ -168,3 +168,15 @@ def test_cli_grouped_kinds(capsys):
     assert "k_grouped_contiguous x 2 groups" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["8", "4096", "7168", "--gemm-type", "m_grouped_masked", "--group-sizes", "4,x"])
+
+
+def test_fp8_output_epilogue_is_priced():
+    """FP8Quantization: the AIVs' vector work appears, D's HBM traffic shrinks to 1 byte (+ 1/32 scale byte) per
+    element, and N must be a multiple of 64."""
+    bf16 = deep_gemm.estimate_gemm(4096, 7168, 2048, "fp8", "fp8", out_dtype="bf16")
+    fp8 = deep_gemm.estimate_gemm(4096, 7168, 2048, "fp8", "fp8", out_dtype="fp8")
+    assert bf16.vector_us == 0 < fp8.vector_us
+    assert fp8.hbm_us < bf16.hbm_us and fp8.fixpipe_us > 0
+    assert fp8.config.mad_n % 64 == 0
+    with pytest.raises(ValueError, match="N % 64"):
+        deep_gemm.estimate_gemm(128, 96, 256, "fp8", "fp8", out_dtype="fp8")
