@@ -390,6 +390,25 @@ def build(name: str, constants: dict, *, template: str | None = None, template_d
         return kernel
 
 
+# NOTES: mixed kernels and the checker's kernels call device/crosscore.py and device/synccheck.py through code the
+# translator emits (translate/mixed.py), not through intrinsics their source names: the key covers them explicitly.
+_SYNC_RUNTIME_MODULES = ("deep_gemm.device.crosscore", "deep_gemm.device.synccheck")
+_MIXED_MARKERS = ("ASCEND_IS_AI", "CrossCore", "SyncAll", "UBTensor", "GetSubBlockIdx")
+
+
+def _sync_runtime_digest(rendered: str, sync_check: bool) -> str | None:
+    """sha256 of the cross-core / checker runtime modules for a kernel that uses them, else None."""
+    if not sync_check and not any(marker in rendered for marker in _MIXED_MARKERS):
+        return None
+    from .sources import module_file
+
+    h = hashlib.sha256()
+    for module in _SYNC_RUNTIME_MODULES:
+        path = module_file(module)
+        h.update(f"{module}\0".encode() + (path.read_bytes() if path is not None else b""))
+    return h.hexdigest()
+
+
 def _build_locked(name, constants, template, template_dir, device_module, sync_check=False) -> CompiledKernel:
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -403,6 +422,9 @@ def _build_locked(name, constants, template, template_dir, device_module, sync_c
     settings = {k: v for k, v in apply_numba_settings().items() if k in _CODEGEN_SETTINGS}
     if sync_check:  # DG_SYNC_CHECK: the checker's kernels are other code (absent from the key otherwise)
         settings["SYNC_CHECK"] = True
+    runtime_digest = _sync_runtime_digest(rendered, sync_check)
+    if runtime_digest:
+        settings["SYNC_RUNTIME"] = runtime_digest
     t1 = time.perf_counter()
     digest, components = cache.cache_key(name, rendered, device_module, settings)
     timings["key"] = time.perf_counter() - t1
