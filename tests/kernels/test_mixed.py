@@ -96,7 +96,8 @@ def test_deadlocking_example_reports_instead_of_hanging(rng, cores):
     with pytest.raises(KernelDeadlockError) as info:
         run_mixed_relu(rng, m, n, k, cores, template="examples/mixed_deadlock", name="mixed_deadlock")
     err = info.value
-    assert err.core == 0 and err.sub_core == "AIC" and err.event_id == 2  # FREE_FLAG + stage 0, never armed
+    # every core deadlocks alike; the launcher reports the first error any CPU thread raised
+    assert 0 <= err.core < cores and err.sub_core == "AIC" and err.event_id == 2  # FREE_FLAG + stage 0, never armed
     text = str(err)
     assert "mixed_deadlock" in text and "AIC" in text and "CrossCoreWaitFlag(2)" in text
     assert err.where and err.where.startswith("lib/mixed.asc.j2:") and err.where in text  # the template line too
