@@ -71,7 +71,7 @@ def test_defaults_come_from_the_runtime():
         (dict(gemm_type="grouped"), ValueError, "gemm_type='grouped'.*allowed"),
         (dict(num_groups=0, gemm_type="batched"), ValueError, "num_groups=0"),
         (dict(num_groups=2), ValueError, "num_groups=2 must be 1"),
-        (dict(out_dtype="fp8"), ValueError, "out_dtype='fp8'"),
+        (dict(out_dtype="fp16"), ValueError, "out_dtype='fp16'"),
         (dict(arch="H100"), ValueError, "arch='H100'.*allowed"),
         (dict(arch="950PR", num_ai_cores=29), ValueError, r"num_ai_cores=29 must be in \[1, 28\]"),
         (dict(num_ai_cores=0), ValueError, "num_ai_cores=0"),
