@@ -179,6 +179,17 @@ def check_alpha(alpha: object) -> float:
     return value
 
 
+def check_arch_supports(**kinds: str) -> None:
+    """Refuse operand dtypes the NPU arch in force has no Cube path for (910B2: bf16 only), before any write."""
+    from .. import runtime
+
+    arch = runtime.get_arch_spec()
+    for name, kind in kinds.items():
+        if kind != "bf16" and not arch.has_fp8:
+            raise ValueError(f"{name} is {kind}, but arch {arch.name} has no {kind} Cube path (bf16 only); "
+                             "choose another arch with deep_gemm.set_npu_arch")
+
+
 def check_dims(**dims: int) -> None:
     """Every GEMM dim must fit the uint32 the kernels index it with (whatever ``compiled_dims`` says)."""
     for name, value in dims.items():

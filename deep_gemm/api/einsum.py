@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import runtime
 from .checks import check_compiled_dims, check_dims, check_no_alias, require_array, resolve_recipes
 from .grouped import (
     GroupOperand,
@@ -98,6 +99,8 @@ def _plan_bmm(a_arr, sfa, b_arr, sfb, d, c, kinds, recipe, compiled_dims, d_perm
 
 def _run(plan: MGroupedPlan, reference: bool):
     if plan.k == 0:
+        if not reference and runtime.get_dry_run():
+            return None  # dry run: neither launch nor touch d
         # NOTES: upstream's early return: K == 0 gives D = C (or zeros)
         if plan.c_rows is None:
             plan.d_rows[...] = 0
@@ -111,8 +114,9 @@ def _run(plan: MGroupedPlan, reference: bool):
 
 def _check_fp8_output(d) -> None:
     if isinstance(d, (tuple, list)):
-        raise TypeError("d=(D, SFD) requests FP8 output through the FP8Quantization epilogue, which deep_gemm does "
-                        "not implement yet; pass a bfloat16 or float32 d")
+        raise TypeError("d=(D, SFD) requests FP8 output through the FP8Quantization epilogue, which deep_gemm "
+                        "implements for the dense GEMMs but not yet for the batched ones; pass a bfloat16 or "
+                        "float32 d")
 
 
 def plan_fp8_bmm(a, b, d, c=None, recipe=(1, 1, 32), compiled_dims="nk") -> MGroupedPlan:
@@ -126,8 +130,8 @@ def fp8_bmm(a, b, d, c=None, recipe=(1, 1, 32), compiled_dims="nk"):
     """Batched FP8/FP4 GEMM: D[i] = C[i] + dequant(A[i]) @ dequant(B[i])^T.
 
     a = (A [B, M, K] K-major, sfa [B, M, ceil(K/gran_k)]), b = (B [B, N, K] either major, sfb [B, N, ...]),
-    d bfloat16/float32 [B, M, N], c like d (or c=d). FP8 output (d given as (D, SFD)) is refused: it needs the
-    epilogue, not implemented yet. Returns the kernel's GemmConfig.
+    d bfloat16/float32 [B, M, N], c like d (or c=d). FP8 output (d given as (D, SFD)) is refused: the FP8
+    epilogue exists for the dense GEMMs only, not yet for the batched kernels. Returns the kernel's GemmConfig.
     """
     return _run(plan_fp8_bmm(a, b, d, c, recipe, compiled_dims), False)
 

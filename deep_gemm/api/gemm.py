@@ -20,6 +20,7 @@ from ..utils.math import per_token_cast_to_fp8
 from .checks import (
     Operand,
     check_alpha,
+    check_arch_supports,
     check_compiled_dims,
     check_dims,
     check_no_alias,
@@ -196,6 +197,7 @@ def fp8_fp4_gemm_nt(
     alpha_f = check_alpha(alpha)
     dims = check_compiled_dims(compiled_dims)
     op_a, op_b, d, c, m, n, k = p.op_a, p.op_b, p.d, p.c, p.m, p.n, p.k
+    check_arch_supports(a=op_a.kind, b=op_b.kind)
 
     # Scales as the chip applies them: the chip scales a block's product by 2^(ea + eb), the stand-in each operand;
     # exponents move between A, B and alpha (exact powers of two) until every fp32 step is exact (or Inf as on chip)

@@ -28,6 +28,7 @@ from .checks import (
     FP32,
     OPERAND_KINDS,
     OUT_KINDS,
+    check_arch_supports,
     check_compiled_dims,
     check_dims,
     check_no_alias,
@@ -272,6 +273,7 @@ class MGroupedPlan:
 def run_m_grouped(plan: MGroupedPlan, reference: bool = False) -> object:
     """Write D for a checked plan: the M-grouped kernel (returns its GemmConfig), or float64 numpy per group."""
     if not reference:
+        check_arch_supports(a=plan.a_kind, b=plan.b.kind)
         rebalance_m_grouped_sf(plan)  # may raise ValueError: before anything is written
     if runtime.get_dry_run() and not reference:
         return _launch(plan)

@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import shutil
+import stat
 import sys
 import tempfile
 import time
@@ -74,6 +75,19 @@ def _probe_writable(root: Path) -> bool:
         return False
 
 
+def _private_dir(root: Path) -> bool:
+    """The temp-dir fallback sits where every user may write: use it only when it is this user's own directory and
+    nobody else can write into it (another user could otherwise plant a kernel.py that this process runs)."""
+    if not hasattr(os, "getuid"):
+        return True
+    try:
+        root.mkdir(mode=0o700, exist_ok=True)
+        st = root.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
 def _checkout_root() -> Path | None:
     repo = _PACKAGE_DIR.parent
     if (repo / "pyproject.toml").is_file() and (repo / "jit_cache").is_dir():
@@ -104,7 +118,7 @@ def _resolve_roots(env_value: str | None) -> CacheRoots:
     skipped: list[str] = []
     candidates = _candidates()
     for i, (origin, path) in enumerate(candidates):
-        if _probe_writable(path):
+        if (origin != "temp dir" or _private_dir(path)) and _probe_writable(path):
             if skipped:
                 warn_once(f"root:{skipped}", f"kernel cache root {', '.join(skipped)} is not writable; new kernels "
                                              f"go to {path}")
@@ -300,10 +314,6 @@ def check_entry(path: Path, name: str, digest: str) -> str | None:
     except EntryProblem as e:
         return str(e)
     return None
-
-
-def read_meta(path: Path) -> dict:
-    return json.loads((path / "meta.json").read_text(encoding="utf-8"))
 
 
 def publish(tmp_dir: Path, final: Path) -> bool:

@@ -18,7 +18,6 @@ from .family import KernelFamily, PreparedKernel
 
 # NOTES: outputs and operands arrive as numpy arrays whose bits the kernels read; these dtypes are the storage
 # the kernels are compiled for (views of other same-width dtypes are taken, never copies).
-_STORAGE = {"fp8": np.uint8, "fp4": np.uint8, "bf16": np.uint16}
 _OUT_STORAGE = {"bf16": np.uint16, "fp32": np.float32, "fp8": np.uint8}
 
 
@@ -78,11 +77,6 @@ def sf_view(sf: np.ndarray) -> tuple[np.ndarray, int]:
     if sf.dtype != np.int16:
         sf = sf.view(np.int16)
     return gm_view(sf, np.int16)
-
-
-def storage_dtype(dtype: str) -> type:
-    """numpy storage dtype of an operand kind ("fp8", "fp4", "bf16")."""
-    return _STORAGE[dtype]
 
 
 def out_storage_dtype(out_dtype: str) -> type:

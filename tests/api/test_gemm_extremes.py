@@ -254,3 +254,32 @@ def test_dims_beyond_uint32_are_refused(tmp_path, compiled_dims):
                   "k=4294967296"))
     for call, name in cases:
         _assert_refused(call, d, ValueError, f"{name} exceeds 4294967295 .* uint32")
+
+
+def test_fp8_on_a_bf16_only_arch_is_refused_before_c_reaches_d(rng):
+    """910B2 has no FP8 Cube: refused at the API, before C is copied into D (dense and M-grouped)."""
+    a, b, ea, eb = _fp8_problem(rng)
+    d = rng.standard_normal((17, 72)).astype(BF16)
+    c = np.ones((17, 72), BF16)
+    with deep_gemm.runtime_scope(arch="910B2"):
+        _assert_refused(lambda: deep_gemm.fp8_gemm_nt((a, _sf(ea)), (b, _sf(eb)), d, c=c), d, ValueError,
+                        "a is fp8, but arch 910B2 has no fp8 Cube path")
+        dg = np.full((256 + 5, 72), 3.0, BF16)
+        ag, _ = _codes(rng, "fp8", 256 + 5, 96)
+        layout = np.array([256, 261], np.int32)  # group 1 owns rows [256, 261)
+        sfag = _sf(np.full((261, 3), -8))
+        bg = np.stack([b, b])
+        sfbg = np.stack([_sf(eb), _sf(eb)])
+        _assert_refused(lambda: deep_gemm.m_grouped_fp8_gemm_nt_contiguous((ag, sfag), (bg, sfbg), dg, layout),
+                        dg, ValueError, "arch 910B2 has no fp8 Cube path")
+
+
+def test_dry_run_of_an_empty_k_batched_gemm_leaves_d_alone(rng):
+    a = np.zeros((2, 3, 0), BF16)
+    b = np.zeros((2, 4, 0), BF16)
+    d = np.full((2, 3, 4), 5.0, BF16)
+    with deep_gemm.runtime.dry_run():
+        deep_gemm.bf16_bmm(a, b, d)
+    assert (d.astype(np.float32) == 5.0).all()
+    deep_gemm.bf16_bmm(a, b, d)
+    assert (d.astype(np.float32) == 0.0).all()

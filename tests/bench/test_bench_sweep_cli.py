@@ -149,7 +149,7 @@ def tmpfs(tmp_path):
 
     yield mount
     for path in mounted:
-        subprocess.run(["umount", str(path)], check=False)
+        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def test_read_only_out_is_a_one_line_error(tmp_path, tmpfs):

@@ -129,8 +129,11 @@ def test_ctrl_c_on_the_client_keeps_rows_and_resume_finishes(tmp_path):
         else:
             pytest.fail(f"processes of the interrupted sweep are still running; stderr: {err[-2000:]}")
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        try:  # the leader and whatever of its group (the local cluster's processes) is left
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=60)
     assert proc.returncode == 130, err[-2000:]
     assert "rerun with --resume" in err and "Traceback" not in err, err[-3000:]
     first = _raw_rows(out)

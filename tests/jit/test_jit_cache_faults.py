@@ -202,6 +202,30 @@ def test_no_writable_root_compiles_in_memory_with_one_warning(tmp_path, monkeypa
         jit_compile.clear_memory_cache()
 
 
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX ownership only")
+def test_a_temp_dir_fallback_others_can_write_is_never_used(tmp_path, monkeypatch, fresh_warnings):
+    """The last-resort root sits in the shared temp dir: one that group or others may write (someone could plant
+    a kernel.py there) is skipped; a private one of this user is used."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    private = tmp_path / "private"
+    try:
+        monkeypatch.setattr(cache, "_candidates", lambda: [("user cache", blocker / "b"), ("temp dir", shared)])
+        cache._resolve_roots.cache_clear()
+        with pytest.warns(RuntimeWarning):
+            assert cache.cache_roots().write is None
+        monkeypatch.setattr(cache, "_candidates", lambda: [("user cache", blocker / "b"), ("temp dir", private)])
+        cache._resolve_roots.cache_clear()
+        with pytest.warns(RuntimeWarning, match="not writable; new kernels go to"):
+            assert cache.cache_roots().write == private
+        assert private.stat().st_mode & 0o777 == 0o700
+    finally:
+        cache._resolve_roots.cache_clear()
+
+
 @pytest.mark.parametrize("code,tile", [(errno.EROFS, 152), (errno.EACCES, 160), (errno.ENOSPC, 168)])
 def test_numba_save_failure_after_the_compile_never_fails_the_call(fresh_root, fresh_warnings, monkeypatch, rng,
                                                                    code, tile):
