@@ -15,10 +15,10 @@ from .grouped import (
     GroupOperand,
     MGroupedPlan,
     _check_out,
-    _check_pair_kinds,
     _group_sf,
     _kind_of,
     _split_pair,
+    check_stacked_pair,
     make_group_operand,
     run_m_grouped,
 )
@@ -41,13 +41,7 @@ def _plan_bmm(a_arr, sfa, b_arr, sfb, d, c, kinds, recipe, compiled_dims, d_perm
             raise ValueError(f"a must be K-major for packed FP4, got strides(bytes)={a_arr.strides}")
         op_a = make_group_operand(np.ascontiguousarray(a_arr), "a", kinds)
     op_b = make_group_operand(b_arr, "b", kinds)
-    _check_pair_kinds(op_a.kind, op_b.kind, a_arr, b_arr)
-    num_batches, m, k = op_a.num_groups, op_a.mn, op_a.k
-    if op_b.num_groups != num_batches:
-        raise ValueError(f"A and B disagree on the batch count: a.shape={a_arr.shape} b.shape={b_arr.shape}")
-    if op_b.k != k:
-        raise ValueError(f"A and B disagree on K: a has K={k}, b has K={op_b.k}")
-    n = op_b.mn
+    num_batches, m, k, n = check_stacked_pair(op_a, op_b, a_arr, b_arr, "the batch count")
     # NOTES: batch i owns rows [i * M, (i + 1) * M) of the one launch, so the row total is a uint32 index too.
     check_dims(m=m, n=n, k=k, **{"batch*m": num_batches * m})
     d_logical_shape = (num_batches, m, n)

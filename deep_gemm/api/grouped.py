@@ -436,6 +436,16 @@ def _a_rows(a_arr: np.ndarray, name: str, kinds: tuple[str, ...]) -> tuple[str, 
     return kind, a_arr.view(_STORAGE[kind]), rows, k
 
 
+def check_stacked_pair(op_a: GroupOperand, op_b: GroupOperand, a_arr, b_arr, count: str) -> tuple[int, int, int, int]:
+    """(G, M, K, N) of A [G, M, K] and B [G, N, K] stacks that must agree on G (``count`` names it) and on K."""
+    _check_pair_kinds(op_a.kind, op_b.kind, a_arr, b_arr)
+    if op_b.num_groups != op_a.num_groups:
+        raise ValueError(f"A and B disagree on {count}: a.shape={a_arr.shape} b.shape={b_arr.shape}")
+    if op_b.k != op_a.k:
+        raise ValueError(f"A and B disagree on K: a has K={op_a.k}, b has K={op_b.k}")
+    return op_a.num_groups, op_a.mn, op_a.k, op_b.mn
+
+
 def _check_pair_kinds(a_kind: str, b_kind: str, a_arr, b_arr) -> None:
     if (a_kind, b_kind) == ("fp4", "fp8"):
         raise TypeError(
@@ -527,13 +537,7 @@ def plan_m_grouped_masked(a, b, d, masked_m, expected_m, *, kinds, recipe=None, 
         b_arr, sfb = _split_pair(b, "b")
     op_a = make_group_operand(a_arr, "a", kinds, require_k_major=True)
     op_b = make_group_operand(b_arr, "b", kinds)
-    _check_pair_kinds(op_a.kind, op_b.kind, a_arr, b_arr)
-    num_groups, max_m, k = op_a.num_groups, op_a.mn, op_a.k
-    if op_b.num_groups != num_groups:
-        raise ValueError(f"A and B disagree on the number of groups: a.shape={a_arr.shape} b.shape={b_arr.shape}")
-    if op_b.k != k:
-        raise ValueError(f"A and B disagree on K: a has K={k}, b has K={op_b.k}")
-    n = op_b.mn
+    num_groups, max_m, k, n = check_stacked_pair(op_a, op_b, a_arr, b_arr, "the number of groups")
     # NOTES: the masked schedule indexes A's and D's rows as g * max_m + row, so the total must fit a uint32 too.
     check_dims(max_m=max_m, n=n, k=k, **{"num_groups*max_m": num_groups * max_m})
     d, out_kind = _check_out(d, (num_groups, max_m, n))

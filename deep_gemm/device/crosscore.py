@@ -45,10 +45,8 @@ def template_location(module_name: str, line: int) -> str | None:
     return getattr(module, "_DG_WHERE", {}).get(int(line)) if module is not None else None
 
 
-class KernelDeadlockError(RuntimeError):
-    """A CrossCoreWaitFlag of a mixed kernel can never return: every live sub-core of a logical core waits and no
-    flag can change. Attributes: kernel, core, sub_core ("AIC", "AIV0", "AIV1"), event_id, line (of kernel.asc),
-    where (template file and line), num_waiting (sub-cores blocked)."""
+class SubCoreError(RuntimeError):
+    """An error raised on one sub-core of a logical core: args start with (kernel, core, sub-core index)."""
 
     @property
     def kernel(self) -> str:
@@ -61,6 +59,12 @@ class KernelDeadlockError(RuntimeError):
     @property
     def sub_core(self) -> str:
         return SUB_CORE_NAMES[int(self.args[2])]
+
+
+class KernelDeadlockError(SubCoreError):
+    """A CrossCoreWaitFlag of a mixed kernel can never return: every live sub-core of a logical core waits and no
+    flag can change. Attributes: kernel, core, sub_core ("AIC", "AIV0", "AIV1"), event_id, line (of kernel.asc),
+    where (template file and line), num_waiting (sub-cores blocked)."""
 
     @property
     def event_id(self) -> int:

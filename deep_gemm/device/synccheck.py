@@ -15,7 +15,7 @@ from numba import njit
 
 from ..jit import enums
 from ..jit.numba_setup import apply_numba_settings
-from .crosscore import NUM_CROSS_FLAG_IDS, NUM_SUB_CORES, SUB_CORE_NAMES, template_location
+from .crosscore import NUM_CROSS_FLAG_IDS, NUM_SUB_CORES, SUB_CORE_NAMES, SubCoreError, template_location
 from .sync import NUM_EVENT_IDS
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
@@ -45,21 +45,9 @@ _EVENT_NAMES = {v: k for k, v in enums.SCOPED["HardEvent"].items()}
 FINDINGS_SIZE = 6
 
 
-class SyncCheckError(RuntimeError):
+class SyncCheckError(SubCoreError):
     """The synchronisation checker found a protocol error. Attributes: kernel, core, sub_core, kind (text), line
     (of kernel.asc), where (template file and line), count (findings on this core)."""
-
-    @property
-    def kernel(self) -> str:
-        return self.args[0]
-
-    @property
-    def core(self) -> int:
-        return int(self.args[1])
-
-    @property
-    def sub_core(self) -> str:
-        return SUB_CORE_NAMES[int(self.args[2])]
 
     @property
     def line(self) -> int:
