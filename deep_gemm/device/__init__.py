@@ -44,6 +44,7 @@ from .vector import (  # noqa: E402
     Abs,
     Add,
     Adds,
+    Axpy,
     Compare,
     Div,
     Duplicate,
@@ -72,7 +73,7 @@ __all__ = [
     # AIV: GM <-> UB (MTE2 / MTE3)
     "DataCopy", "DataCopyPad",
     # AIV: Vector unit (device/vector.py, device/cast.py)
-    "Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Maxs", "Mins", "Abs", "Exp", "Relu", "Duplicate",
+    "Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Axpy", "Maxs", "Mins", "Abs", "Exp", "Relu", "Duplicate",
     "Compare", "Select", "ReduceMax", "ReduceSum", "Cast", "CastToUE8M0", "CastFromUE8M0",
     # Pipe synchronisation
     "SetFlag", "WaitFlag", "PipeBarrier",

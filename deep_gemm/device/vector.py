@@ -268,6 +268,23 @@ def Muls(dst, src, scalar, count):  # noqa: N802
 
 
 @njit(cache=True)
+def Axpy(dst, src, scalar, count):  # noqa: N802
+    """Axpy(dst, src, scalar, count): dst = dst + src * scalar (the scalar first converted to dst's dtype; the
+    product is rounded, then the sum: two roundings, no fused multiply-add). The weighted sums of the AIVs (e.g.
+    the MQA logits' reduction over heads) accumulate with it in a fixed order."""
+    d = as_rows(dst)
+    s = as_rows(src)
+    check_same_shape(d, s)
+    full, rest = check_count(d, count)
+    value = like(d, scalar)
+    for i in range(full):
+        for j in range(d.shape[1]):
+            d[i, j] = _add(d[i, j], _mul(s[i, j], value))
+    for j in range(rest):
+        d[full, j] = _add(d[full, j], _mul(s[full, j], value))
+
+
+@njit(cache=True)
 def Maxs(dst, src, scalar, count):  # noqa: N802
     """Maxs(dst, src, scalar, count): dst = max(src, scalar); a NaN element stays NaN."""
     _map1(dst, src, count, _max, scalar)

@@ -78,6 +78,21 @@ def test_scalar_ops_round_the_scalar_to_dst_dtype(rng, name):
     np.testing.assert_array_equal(_bits(dst), _bits(want.astype(F32)))
 
 
+def test_axpy_accumulates_with_two_roundings(rng):
+    x = _data(rng, (5, 12), nan=True)
+    acc = _data(rng, (5, 12))
+    dst = acc.copy()
+    device.Axpy(dst, x, 0.1, 50)  # the scalar rounded to fp32; product rounded, then the sum; tail untouched
+    with np.errstate(all="ignore"):
+        want = (acc + (x * F32(0.1)).astype(F32)).astype(F32)
+    _check_partial(dst, want, acc, 50)
+    # on row views (the MQA reduction over heads: one Axpy per head into one logits row)
+    out = np.zeros((2, 12), F32)
+    device.Axpy(out[1:2, 2:9], x[3:4, 0:7], -2.0, 7)
+    np.testing.assert_array_equal(out[1, 2:9], x[3, :7] * F32(-2.0))
+    assert not out[0].any() and not out[1, :2].any() and not out[1, 9:].any()
+
+
 def test_unary_ops(rng):
     x = _data(rng, (6, 10), nan=True)
     x[0, :3] = [-0.0, 0.0, -1e-45]
@@ -256,7 +271,7 @@ def test_fixpipe_to_ub(rng, ub_dtype):
 
 
 def test_every_vector_intrinsic_is_exported_and_documented():
-    names = ["Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Maxs", "Abs", "Exp", "Relu", "Duplicate",
+    names = ["Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Axpy", "Maxs", "Abs", "Exp", "Relu", "Duplicate",
              "Compare", "Select", "Cast", "CastToUE8M0", "CastFromUE8M0", "ReduceMax", "ReduceSum", "DataCopy",
              "DataCopyPad", "FixpipeToUB"]
     for name in names:

@@ -1,0 +1,79 @@
+"""MQA-logits launchers: the ragged kernel (templates/mqa_logits.asc.j2, family MQA_LOGITS) and the paged one
+(templates/paged_mqa_logits.asc.j2, family PAGED_MQA_LOGITS), mixed Cube + Vector kernels sharing lib/mqa.asc.j2.
+Inputs arrive validated and in the kernels' layouts (deep_gemm/api/attention.py); nothing here computes logits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import envs
+from ..heuristics.arch import ArchSpec
+from ..heuristics.mqa import MqaConfig, MqaDesc, config_violations, get_best_mqa_config
+from .common import current_target, gm_view
+from .family import KernelFamily, PreparedKernel
+
+# NOTES: a 1-element stand-in for absent scale tensors (the kernels read them only when their flag is set).
+_NO_SF = np.zeros(1, np.int16)
+_NO_SCALE = np.ones(1, np.float32)
+
+
+def _template_constants(desc: MqaDesc, config: MqaConfig, arch: ArchSpec) -> dict[str, object]:
+    problems = config_violations(desc, config, arch)
+    if problems:
+        raise ValueError(f"MQA-logits config {config} does not fit arch {arch.name}: {'; '.join(problems)}")
+    constants = config.template_constants()
+    constants.update(Q_DTYPE=desc.q_dtype, KV_DTYPE=desc.kv_dtype, NUM_AI_CORES=desc.num_ai_cores,
+                     UB_BYTES=arch.ub_bytes)
+    return constants
+
+
+MQA_LOGITS = KernelFamily("mqa_logits", select_config=get_best_mqa_config, template_constants=_template_constants)
+PAGED_MQA_LOGITS = KernelFamily("paged_mqa_logits", select_config=get_best_mqa_config,
+                                template_constants=_template_constants)
+
+
+def prepare_mqa(num_heads: int, head_dim: int, q_dtype: str, kv_dtype: str, next_n: int = 0,
+                config: MqaConfig | None = None) -> PreparedKernel:
+    """The prepared ragged (next_n == 0) or paged kernel for the current runtime target (core count, arch)."""
+    num_ai_cores, arch = current_target()
+    family = PAGED_MQA_LOGITS if next_n else MQA_LOGITS
+    sync_check = envs.DG_SYNC_CHECK.get()
+    key = (num_heads, head_dim, q_dtype, kv_dtype, next_n, num_ai_cores, arch.name, config, sync_check)
+    prepared = family.lookup(key)
+    if prepared is None:
+        # NOTES: the paged kernel's layout is a runtime flag; the desc's layout field only feeds the cost model.
+        desc = MqaDesc(num_heads=num_heads, head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                       num_ai_cores=num_ai_cores, next_n=next_n)
+        prepared = family.prepare(desc, arch=arch, config=config, memo_key=key, sync_check=sync_check)
+    return prepared
+
+
+def launch_mqa_logits(q: np.ndarray, sfq: np.ndarray | None, kv: np.ndarray, sfkv: np.ndarray | None,
+                      kv_scale: np.ndarray | None, weights: np.ndarray, ks: np.ndarray, ke: np.ndarray,
+                      logits: np.ndarray, *, num_heads: int, head_dim: int, q_dtype: str, kv_dtype: str,
+                      compressed: bool, clean_logits: bool, config: MqaConfig | None = None) -> MqaConfig:
+    """Run the ragged kernel; returns its config.
+
+    q: uint8 [S * H, >= D storage] (row = query row * H + head; FP4 packed two per byte); kv: uint8 [S_kv, >= D
+    storage]; sfq / sfkv: int16 required layout [D / 64, S * H] / [D / 64, S_kv] (UE8M0 pairs) or None; kv_scale:
+    fp32 [S_kv] or None; weights: fp32 [S, >= H]; ks / ke: int32 [S]; logits: uint16 (bf16 bits) [S, >= out_cols]
+    with unit column stride, written at [i, j - (ks[i] if compressed else 0)] for j in [ks[i], ke[i]) and, with
+    clean_logits, -inf everywhere else in [0, out_cols).
+    """
+    prepared = prepare_mqa(num_heads, head_dim, q_dtype, kv_dtype, 0, config)
+    seq_len, out_cols = logits.shape
+    flat_q, stride_q = gm_view(q, np.uint8)
+    flat_kv, stride_kv = gm_view(kv, np.uint8)
+    flat_w, stride_w = gm_view(weights, np.float32)
+    flat_out, stride_out = gm_view(logits, np.uint16)
+    args = dict(gm_q=flat_q, stride_q=stride_q, gm_kv=flat_kv, stride_kv=stride_kv,
+                gm_kv_scale=_NO_SCALE if kv_scale is None else kv_scale, gm_weights=flat_w, stride_w=stride_w,
+                gm_ks=ks, gm_ke=ke, gm_logits=flat_out, stride_logits=stride_out, seq_len=seq_len,
+                seq_len_kv=kv.shape[0], out_cols=out_cols, q_mx=int(sfq is not None), kv_mx=int(sfkv is not None),
+                kv_token_scale=int(kv_scale is not None), compressed=int(compressed), clean_logits=int(clean_logits),
+                num_heads=num_heads, head_dim=head_dim, block_q=prepared.config.block_q)
+    args["gm_sfq"], args["stride_sfq"] = (_NO_SF, 0) if sfq is None else gm_view(sfq, np.int16)
+    args["gm_sfkv"], args["stride_sfkv"] = (_NO_SF, 0) if sfkv is None else gm_view(sfkv, np.int16)
+    prepared.launch(**args)
+    return prepared.config
