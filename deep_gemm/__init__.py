@@ -50,6 +50,9 @@ _export(
 # Einsum and batched GEMMs
 _export(".api.einsum", "einsum", "fp8_einsum", "fp8_bmm", "bf16_bmm")
 
+# Attention: the sparse-attention indexer's MQA logits (CUDA DeepGEMM's legacy name last)
+_export(".api.attention", "fp8_fp4_mqa_logits", "fp8_mqa_logits")
+
 # Reference GEMMs (numpy), the cross-check DeepGEMM-Ascend runs against ACLNN
 _export(
     ".api.reference",
@@ -72,6 +75,7 @@ _export(
 
 # Chip model
 _export(".estimate", "estimate_gemm", "GemmEstimate")
+_export(".heuristics.mqa", "estimate_mqa_logits", "MqaEstimate")
 
 # Submodules
 # NOTES: deep_gemm.epilogue holds DeepGEMM-Ascend's epilogue classes (Epilogue, Identity, Alpha, FP8Quantization).

@@ -103,7 +103,8 @@ def config_violations(desc: MqaDesc, c: MqaConfig, arch: ArchSpec) -> list[str]:
     if l1 > arch.l1_bytes:
         out.append(f"L1 needs {l1} B > {arch.l1_bytes} B")
     half = c.block_kv // 2
-    ub = c.num_ub_stages * mad_m * half * 4 + half * 4 + c.block_q * desc.num_heads * 4 + c.block_q * half * 6 + half * 2
+    ub = c.num_ub_stages * mad_m * half * 4 + half * 4 + c.block_q * desc.num_heads * 4 + c.block_q * half * 6 \
+        + half * 2
     if ub > arch.ub_bytes:
         out.append(f"UB needs {ub} B > {arch.ub_bytes} B")
     return out
@@ -148,7 +149,8 @@ def _tile_pipes(desc: MqaDesc, c: MqaConfig, arch: ArchSpec, m_rows: int, kv_row
     ops = MQA_VECTOR_OPS["relu"] + MQA_VECTOR_OPS["axpy"] + (MQA_VECTOR_OPS["token_scale"] if token_scale else 0)
     rows_q = max(1, m_rows // desc.num_heads)
     row_instr = m_rows * (2 if token_scale else 1) + rows_q * 2
-    vector = (m_rows * half * ops + rows_q * half) / VECTOR_FP32_PER_CYCLE / clock + row_instr * VECTOR_ISSUE_CYCLES / clock
+    vector = (m_rows * half * ops + rows_q * half) / VECTOR_FP32_PER_CYCLE / clock \
+        + row_instr * VECTOR_ISSUE_CYCLES / clock
     fig = MEMORY_FIGURES
     mte2 = copies * fig.copy_issue_s + copy_bytes / fig.mte2_bytes_per_s(arch) + fig.gm_latency_s / c.num_l1_stages
     mte1 = kv_rows * storage_bytes(desc.kv_dtype, desc.head_dim) / arch.l1_to_l0_bytes_per_cycle / clock
@@ -317,3 +319,160 @@ def get_best_mqa_config(desc: MqaDesc, arch: ArchSpec) -> MqaConfig:
     n = _REPRESENTATIVE_SEQ
     ks, ke = [0] * n, list(range(1, n + 1))
     return min(cands, key=lambda c: model_mqa(desc, c, arch, seq_len=n, seq_len_kv=n, ks=ks, ke=ke).time_s)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the chip would do: estimate_mqa_logits / estimate_paged_mqa_logits
+
+
+@dataclass(frozen=True)
+class MqaEstimate:
+    """Modelled (not measured) chip time of one MQA-logits call and what binds it. The ``*_us`` fields are each
+    resource's busy time on the critical path (per-pipe: the busiest core's)."""
+
+    kind: str  # "ragged" or "paged"
+    num_heads: int
+    head_dim: int
+    q_dtype: str
+    kv_dtype: str
+    arch: str
+    num_ai_cores: int
+    config: MqaConfig
+    time_us: float
+    bound: str
+    cube_us: float
+    fixpipe_us: float
+    vector_us: float
+    mte2_us: float
+    l2_us: float
+    hbm_us: float
+    launch_us: float
+    num_tiles: int
+    busiest_tiles: int
+    transfers_per_page: int
+    hbm_bytes: int
+    l2_bytes: int
+    tflops: float
+    problem: str
+
+    def __str__(self) -> str:
+        c = self.config
+        gather = f", {self.transfers_per_page} GM -> L1 transfer(s) per page" if self.kind == "paged" else ""
+        return "\n".join([
+            f"modelled Ascend {self.arch} ({self.num_ai_cores} AI cores), {self.kind} MQA logits: {self.problem}, "
+            f"H={self.num_heads} D={self.head_dim} {self.q_dtype}x{self.kv_dtype}",
+            f"  time {self.time_us:.2f} us (modelled), {self.tflops:.1f} TFLOPS useful; bound: {self.bound}",
+            f"  config: block_q {c.block_q}, block_kv {c.block_kv}, L1 stages {c.num_l1_stages}; "
+            f"{self.num_tiles} tiles, {self.busiest_tiles} on the busiest core{gather}",
+            f"  per resource (us): cube {self.cube_us:.2f}, fixpipe {self.fixpipe_us:.2f}, vector {self.vector_us:.2f},"
+            f" mte2 {self.mte2_us:.2f}, l2 {self.l2_us:.2f}, hbm {self.hbm_us:.2f}, launch {self.launch_us:.2f}",
+            f"  traffic: L2 -> L1 {self.l2_bytes / 1e6:.1f} MB, HBM {self.hbm_bytes / 1e6:.1f} MB",
+        ])
+
+
+def _estimate_target(num_heads: object, head_dim: object, q_dtype: str, kv_dtype: str, arch: object,
+                     num_ai_cores: object) -> tuple[ArchSpec, int]:
+    from .. import runtime
+    from .arch import ARCHS, get_arch
+
+    for name, value in (("num_heads", num_heads), ("head_dim", head_dim)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+    if not (MQA_MIN_HEADS <= num_heads <= MQA_MAX_HEADS and num_heads % 4 == 0):
+        raise ValueError(f"num_heads={num_heads} must be a multiple of 4 in [{MQA_MIN_HEADS}, {MQA_MAX_HEADS}]")
+    if head_dim not in MQA_HEAD_DIMS:
+        raise ValueError(f"head_dim={head_dim} must be one of {MQA_HEAD_DIMS}")
+    for name, value in (("q_dtype", q_dtype), ("kv_dtype", kv_dtype)):
+        if value not in MQA_DTYPES:
+            raise ValueError(f"{name}={value!r}; allowed: {MQA_DTYPES}")
+    if arch is None:
+        spec = runtime.get_arch_spec()
+    else:
+        try:
+            spec = get_arch(arch)
+        except ValueError:
+            raise ValueError(f"arch={arch!r}; allowed: {tuple(ARCHS)}") from None
+    if not spec.has_fp8:
+        raise ValueError(f"arch {spec.name} has no FP8/FP4 Cube path; the MQA logits need one")
+    if num_ai_cores is None:
+        same = arch is None or spec.name == runtime.get_npu_arch()
+        cores = min(runtime.get_num_ai_cores(), spec.num_ai_cores) if same else spec.num_ai_cores
+    else:
+        if isinstance(num_ai_cores, bool) or not isinstance(num_ai_cores, int) or not 1 <= num_ai_cores <= \
+                spec.num_ai_cores:
+            raise ValueError(f"num_ai_cores={num_ai_cores!r} must be in [1, {spec.num_ai_cores}] for arch {spec.name}")
+        cores = num_ai_cores
+    return spec, cores
+
+
+def _as_ints(values: object, name: str, length: int | None = None) -> list[int]:
+    try:
+        out = [int(v) for v in values]
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a sequence of ints, got {values!r}") from None
+    if length is not None and len(out) != length:
+        raise ValueError(f"len({name})={len(out)} must be {length}")
+    return out
+
+
+def _estimate(kind: str, desc: MqaDesc, config: MqaConfig, spec: ArchSpec, cost: MqaCost, problem: str):
+    return MqaEstimate(
+        kind=kind, num_heads=desc.num_heads, head_dim=desc.head_dim, q_dtype=desc.q_dtype, kv_dtype=desc.kv_dtype,
+        arch=spec.name, num_ai_cores=desc.num_ai_cores, config=config, time_us=cost.time_s * 1e6, bound=cost.bound,
+        cube_us=cost.cube_s * 1e6, fixpipe_us=cost.fixpipe_s * 1e6, vector_us=cost.vector_s * 1e6,
+        mte2_us=cost.mte2_s * 1e6, l2_us=cost.l2_s * 1e6, hbm_us=cost.hbm_s * 1e6, launch_us=cost.launch_s * 1e6,
+        num_tiles=cost.num_tiles, busiest_tiles=cost.busiest_tiles, transfers_per_page=cost.transfers_per_page,
+        hbm_bytes=cost.hbm_bytes, l2_bytes=cost.l2_bytes, tflops=cost.flops / cost.time_s / 1e12, problem=problem)
+
+
+def estimate_mqa_logits(seq_len: int, seq_len_kv: int, num_heads: int = 64, head_dim: int = 128,
+                        q_dtype: str = "fp8", kv_dtype: str = "fp8", *, cu_seq_len_k_start=None,
+                        cu_seq_len_k_end=None, kv_scale_per_key: bool = True, arch=None,
+                        num_ai_cores: int | None = None) -> MqaEstimate:
+    """Modelled chip time of fp8_fp4_mqa_logits with the config the kernel would use: ``seq_len`` query rows,
+    ``seq_len_kv`` keys, row i over [ks[i], ke[i]) (``cu_seq_len_k_start`` / ``_end``; default: every key).
+    kv_scale_per_key: CUDA DeepGEMM's fp32 scale per key (an extra Vector pass) rather than MX scales. ``arch`` /
+    ``num_ai_cores`` default to deep_gemm.runtime (env DG_NPU_ARCH, DG_NUM_AI_CORES). Nothing is run."""
+    spec, cores = _estimate_target(num_heads, head_dim, q_dtype, kv_dtype, arch, num_ai_cores)
+    for name, value in (("seq_len", seq_len), ("seq_len_kv", seq_len_kv)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+            raise ValueError(f"{name}={value!r} must be an int in [0, 2^31)")
+    ks = ke = None
+    if (cu_seq_len_k_start is None) != (cu_seq_len_k_end is None):
+        raise ValueError("pass both cu_seq_len_k_start and cu_seq_len_k_end, or neither")
+    if cu_seq_len_k_start is not None:
+        ks = _as_ints(cu_seq_len_k_start, "cu_seq_len_k_start", seq_len)
+        ke = _as_ints(cu_seq_len_k_end, "cu_seq_len_k_end", seq_len)
+        for i, (s, e) in enumerate(zip(ks, ke, strict=True)):
+            if not 0 <= s <= e <= seq_len_kv:
+                raise ValueError(f"row {i}: [{s}, {e}) must satisfy 0 <= ks <= ke <= seq_len_kv={seq_len_kv}")
+    desc = MqaDesc(num_heads, head_dim, q_dtype, kv_dtype, cores)
+    config = get_best_mqa_config(desc, spec)
+    cost = model_mqa(desc, config, spec, seq_len=seq_len, seq_len_kv=seq_len_kv, ks=ks, ke=ke,
+                     token_scale=bool(kv_scale_per_key))
+    return _estimate("ragged", desc, config, spec, cost, f"{seq_len} queries x {seq_len_kv} keys")
+
+
+def estimate_paged_mqa_logits(context_lens, num_heads: int = 64, head_dim: int = 128, q_dtype: str = "fp8",
+                              kv_dtype: str = "fp8", *, page_size: int = 64, use_ascend_kv_layout: bool = False,
+                              arch=None, num_ai_cores: int | None = None) -> MqaEstimate:
+    """Modelled chip time of fp8_fp4_paged_mqa_logits for ``context_lens`` ([B] or [B][next_n] ints), pages of
+    ``page_size`` keys in either cache layout (the Ascend one gathers a page of FP8 in one transfer, CUDA
+    DeepGEMM's in two). Nothing is run."""
+    spec, cores = _estimate_target(num_heads, head_dim, q_dtype, kv_dtype, arch, num_ai_cores)
+    if page_size not in PAGE_SIZES:
+        raise ValueError(f"page_size={page_size!r} must be one of {PAGE_SIZES}")
+    rows = [list(r) if isinstance(r, (list, tuple)) or hasattr(r, "__len__") else [r] for r in context_lens]
+    ctx = [_as_ints(r, "context_lens row") for r in rows]
+    next_n = len(ctx[0]) if ctx else 1
+    if any(len(r) != next_n for r in ctx) or next_n == 0:
+        raise ValueError("context_lens rows must all have next_n >= 1 entries")
+    if any(v < 0 for r in ctx for v in r):
+        raise ValueError("context_lens must be >= 0")
+    desc = MqaDesc(num_heads, head_dim, q_dtype, kv_dtype, cores, next_n=next_n,
+                   ascend_kv_layout=bool(use_ascend_kv_layout))
+    config = get_best_mqa_config(desc, spec)
+    cost = model_paged_mqa(desc, config, spec, context_lens=ctx, page_size=page_size)
+    layout = "Ascend" if use_ascend_kv_layout else "CUDA DeepGEMM"
+    return _estimate("paged", desc, config, spec, cost,
+                     f"batch {len(ctx)} x next_n {next_n}, {layout} cache layout, pages of {page_size}")

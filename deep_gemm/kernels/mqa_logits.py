@@ -77,3 +77,45 @@ def launch_mqa_logits(q: np.ndarray, sfq: np.ndarray | None, kv: np.ndarray, sfk
     args["gm_sfkv"], args["stride_sfkv"] = (_NO_SF, 0) if sfkv is None else gm_view(sfkv, np.int16)
     prepared.launch(**args)
     return prepared.config
+
+
+def launch_paged_mqa_logits(q: np.ndarray, sfq: np.ndarray | None, cache: np.ndarray, block_table: np.ndarray,
+                            context_lens: np.ndarray, schedule_meta: np.ndarray, weights: np.ndarray,
+                            logits: np.ndarray, *, batch: int, next_n: int, num_heads: int, head_dim: int,
+                            q_dtype: str, kv_dtype: str, page_size: int, ascend_kv_layout: bool,
+                            config: MqaConfig | None = None) -> MqaConfig:
+    """Run the paged kernel; returns its config.
+
+    q: uint8 [B * next_n * H, >= D storage]; sfq: int16 [D / 64, B * next_n * H] or None; cache: the uint8 paged
+    cache, C-contiguous, [num_blocks * page_size * token_bytes] (heuristics.mqa.paged_token_bytes); block_table:
+    int32 [B, >= pages] with unit column stride; context_lens: int32 [B * next_n] (per query token); schedule_meta:
+    int32 [cores + 1, 2] (get_paged_mqa_logits_metadata for these context lens, heads and cores); weights: fp32
+    [B * next_n, >= H]; logits: uint16 (bf16 bits) [B * next_n, >= max context], written at j < context_lens.
+    """
+    prepared = prepare_mqa(num_heads, head_dim, q_dtype, kv_dtype, next_n, config)
+    d_storage = head_dim if kv_dtype == "fp8" else head_dim // 2
+    if ascend_kv_layout:
+        token = d_storage + head_dim // 32
+        # values and scales of a token side by side: the values at the token's start, its scales right after
+        data_stride, sf_offset, sf_stride = token, d_storage, token
+    else:
+        token = d_storage + 4
+        # a page: page_size rows of values, then page_size 4-byte scales
+        data_stride, sf_offset, sf_stride = d_storage, page_size * d_storage, 4
+    flat_q, stride_q = gm_view(q, np.uint8)
+    flat_bt, stride_bt = gm_view(block_table, np.int32)
+    flat_w, stride_w = gm_view(weights, np.float32)
+    flat_out, stride_out = gm_view(logits, np.uint16)
+    cache = cache.reshape(-1)
+    args = dict(gm_q=flat_q, stride_q=stride_q, gm_cache=cache, gm_cache_f32=cache.view(np.float32),
+                gm_block_table=flat_bt, stride_bt=stride_bt, gm_context_lens=context_lens,
+                gm_meta=schedule_meta.reshape(-1), gm_weights=flat_w, stride_w=stride_w, gm_logits=flat_out,
+                stride_logits=stride_out, batch=batch, next_n=next_n, page_size=page_size,
+                page_bytes=page_size * token, data_stride=data_stride, sf_offset=sf_offset, sf_stride=sf_stride,
+                fused_copy=int(ascend_kv_layout and kv_dtype == "fp8"), q_mx=int(sfq is not None),
+                kv_mx=int(ascend_kv_layout or kv_dtype == "fp4"),
+                kv_token_scale=int(not ascend_kv_layout and kv_dtype == "fp8"), num_heads=num_heads,
+                head_dim=head_dim, block_q=prepared.config.block_q)
+    args["gm_sfq"], args["stride_sfq"] = (_NO_SF, 0) if sfq is None else gm_view(sfq, np.int16)
+    prepared.launch(**args)
+    return prepared.config

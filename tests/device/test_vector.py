@@ -271,9 +271,9 @@ def test_fixpipe_to_ub(rng, ub_dtype):
 
 
 def test_every_vector_intrinsic_is_exported_and_documented():
-    names = ["Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Axpy", "Maxs", "Abs", "Exp", "Relu", "Duplicate",
-             "Compare", "Select", "Cast", "CastToUE8M0", "CastFromUE8M0", "ReduceMax", "ReduceSum", "DataCopy",
-             "DataCopyPad", "FixpipeToUB"]
+    names = ["Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Axpy", "Maxs", "Abs", "Exp", "Relu",
+             "Duplicate", "Compare", "Select", "Cast", "CastToUE8M0", "CastFromUE8M0", "ReduceMax", "ReduceSum",
+             "DataCopy", "DataCopyPad", "FixpipeToUB"]
     for name in names:
         assert name in device.__all__
         assert getattr(device, name).__doc__.startswith(name.split("To")[0][:4])
