@@ -150,7 +150,8 @@ def run_shape_task(task: tuple, runner, arch: str, num_ai_cores: int, opts: dict
         waited = time.perf_counter() - start - compile_s
         run_shape(row, runner, shape_rng(opts.get("seed", 0), *task), min_repeats=opts["min_repeats"],
                   max_repeats=opts["max_repeats"], target_s=opts["target_s"], spread_tol=opts["spread_tol"],
-                  mem_budget_bytes=None if max_mem is None else max_mem * 2**30, mem_available=mem_available_bytes)
+                  mem_budget_bytes=None if max_mem is None else max_mem * 2**30, mem_available=mem_available_bytes,
+                  light_warmup_gflop=opts.get("light_warmup_gflop"))
     meta = {"worker": str(worker.name), "address": worker.address, "host": machine["host"],
             "seconds": time.perf_counter() - start, "compile_s": compile_s, "flops": gemm_flops(m, n, k),
             "lock_wait_s": max(0.0, waited), "compile_error": compile_error, "machine": machine}
@@ -281,7 +282,8 @@ def run_cpu_dask(args, tasks: list[tuple], writer, info: dict, *, runner, arch: 
                 "worker_cache_dir": None if args.worker_cache_dir is None else str(args.worker_cache_dir),
                 "ceiling_gflops": args.ceiling_gflops, "bandwidth_gbs": args.bandwidth_gbs, "seed": args.seed,
                 "min_repeats": args.repeats, "max_repeats": args.max_repeats, "target_s": args.target_seconds,
-                "spread_tol": args.spread_tol, "max_mem_gb": args.max_mem_gb}
+                "spread_tol": args.spread_tol, "max_mem_gb": args.max_mem_gb,
+                "light_warmup_gflop": args.light_warmup_gflop}
         groups = kernel_groups(tasks, kernel_key)
         owner = assign_groups(groups, cost, workers)
         by_key = {}

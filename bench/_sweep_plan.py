@@ -23,6 +23,8 @@ DEFAULT_COMPILE_S = 8.0
 # Operand generation, calc_diff and bookkeeping, per byte of A + B + D (measured ~0.3-0.5 GB/s of operands here).
 SETUP_S_PER_BYTE = 1 / 0.3e9
 SETUP_S = 0.02
+LIGHT_WARMUP_S = 0.5  # loading a cached kernel in this process, and the baseline on 256 rows
+LIGHT_WARMUP_GFLOP = 50.0  # sweep.py's default --light-warmup-gflop
 
 
 def fit_rates(rows: Iterable[dict]) -> dict[str, dict[str, float]]:
@@ -39,8 +41,9 @@ def fit_rates(rows: Iterable[dict]) -> dict[str, dict[str, float]]:
 
 
 def shape_seconds(task: Task, rates: dict[str, float], *, min_repeats: int, max_repeats: int,
-                  target_s: float) -> float:
-    """Expected wall seconds of one shape, compile excluded: setup + one untimed warm-up pair + the timed pairs.
+                  target_s: float, light_warmup_gflop: float | None = None) -> float:
+    """Expected wall seconds of one shape, compile excluded: setup + one untimed warm-up pair (LIGHT_WARMUP_S
+    instead for a shape of at least ``light_warmup_gflop`` GFLOP: _sweep_cpu.time_shape) + the timed pairs.
 
     The timed pairs are bounded above the way time_shape stops: ``min_repeats`` pairs for a shape whose
     ``min_repeats`` runs already exceed ``target_s``, else up to ``max_repeats`` pairs or about ``target_s`` of
@@ -52,7 +55,9 @@ def shape_seconds(task: Task, rates: dict[str, float], *, min_repeats: int, max_
     per_side = max(ours, theirs)
     timed = max(min_repeats, min(max_repeats, math.ceil(target_s / max(per_side, 1e-9))))
     operand_bytes = (2 if dtype == "bf16" else 1) * (m + n) * k + 2 * m * n
-    return SETUP_S + operand_bytes * SETUP_S_PER_BYTE + (1 + timed) * (ours + theirs)
+    light = light_warmup_gflop is not None and flops >= light_warmup_gflop * 1e9
+    warm_up = LIGHT_WARMUP_S if light else ours + theirs
+    return SETUP_S + operand_bytes * SETUP_S_PER_BYTE + warm_up + timed * (ours + theirs)
 
 
 def kernel_groups(tasks: Iterable[Task], key: Callable[[Task], tuple]) -> dict[tuple, list[Task]]:
@@ -128,7 +133,8 @@ def estimate_total(tasks: list[Task], cost: Callable[[Task], float], key: Callab
 
 
 def extrapolate(rows: list[dict], selection: list[Task], walls: list[dict], key: Callable[[Task], tuple], *,
-                min_repeats: int, max_repeats: int, target_s: float, compile_s: float | None) -> dict:
+                min_repeats: int, max_repeats: int, target_s: float, compile_s: float | None,
+                light_warmup_gflop: float | None = None) -> dict:
     """The whole selection's expected time, from what this run measured.
 
     Model: shape_seconds with the stand-in and baseline rates fitted to the file's ok rows (fit_rates), scaled by
@@ -141,7 +147,7 @@ def extrapolate(rows: list[dict], selection: list[Task], walls: list[dict], key:
 
     def cost(task: Task) -> float:
         return shape_seconds(task, rates[task[0]], min_repeats=min_repeats, max_repeats=max_repeats,
-                             target_s=target_s)
+                             target_s=target_s, light_warmup_gflop=light_warmup_gflop)
 
     measured = sum(max(0.0, w["seconds"] - w["compile_s"]) for w in walls)
     modelled = sum(cost(tuple(w["task"])) for w in walls)

@@ -36,8 +36,9 @@ results.csv schema (one row per (mode, dtype, m, n, k); the same columns for eve
     baseline_frac_peak  cpu: baseline_gflops / peak_gflops
     speedup           cpu: baseline_time_us / time_us (> 1: the stand-in is faster)
     calc_diff         cpu: 1 - 2 sum(xy) / sum(x^2 + y^2) of the stand-in's D against the baseline's fp32 product
-    repeats           cpu: timed runs per side (after one untimed warm-up each); stops once the spread is within
-                      --spread-tol or each side had --target-seconds, between --repeats and --max-repeats
+    repeats           cpu: timed runs per side (after one untimed warm-up each, or the light warm-up for shapes of
+                      at least --light-warmup-gflop GFLOP); stops once the spread is within --spread-tol or each
+                      side had --target-seconds, between --repeats and --max-repeats
     config            the kernel config, "field=value ..." (GemmConfig fields)
     spread            cpu: run-to-run spread, (max - min) / median of the timed runs, the larger of the two sides;
                       empty for a single run
@@ -77,6 +78,7 @@ from _sweep_csv import (  # noqa: E402
     read_results,
     row_key,
 )
+from _sweep_plan import LIGHT_WARMUP_GFLOP  # noqa: E402
 from _sweep_report import format_summary, summarize, write_plots, write_summary  # noqa: E402
 
 DTYPES = ("bf16", "fp8")
@@ -112,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-repeats", type=int, default=10, help="cpu: maximum timed runs per side (default 10)")
     p.add_argument("--target-seconds", type=float, default=0.5,
                    help="cpu: time budget per side and shape: stop repeating once each side had this much timed work")
+    p.add_argument("--light-warmup-gflop", type=float, default=LIGHT_WARMUP_GFLOP, metavar="G",
+                   help="cpu: shapes of at least G GFLOP (2MNK) are warmed up without an untimed run: the kernel is "
+                        f"loaded, D's pages written, the baseline run on 256 rows (default {LIGHT_WARMUP_GFLOP:g}; "
+                        "0 for every shape, inf for none)")
     p.add_argument("--spread-tol", type=float, default=0.05,
                    help="cpu: stop repeating once (max - min) / median of both sides' runs is within this "
                         "(default 0.05)")
@@ -161,6 +167,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--plan-only estimates the cpu mode; use --mode cpu")
     if args.spread_tol < 0:
         parser.error(f"--spread-tol must be >= 0, got {args.spread_tol}")
+    if not args.light_warmup_gflop >= 0:
+        parser.error(f"--light-warmup-gflop must be >= 0, got {args.light_warmup_gflop}")
     for name in ("ceiling_gflops", "bandwidth_gbs", "max_mem_gb", "target_seconds", "budget_hours"):
         value = getattr(args, name)
         if value is not None and not value > 0:
@@ -269,7 +277,7 @@ def plan_cpu(args, tasks: list, existing: list[dict], runner) -> tuple:
 
     def cost(task):
         return shape_seconds(task, rates[task[0]], min_repeats=args.repeats, max_repeats=args.max_repeats,
-                             target_s=args.target_seconds)
+                             target_s=args.target_seconds, light_warmup_gflop=args.light_warmup_gflop)
 
     def key(task):
         return kernel_key(runner, *task)
@@ -307,7 +315,8 @@ def print_plan(args, shapes, dtypes, existing, done, runner) -> None:
                       for d, r in ((d, fitted.get(d, DEFAULT_RATES_GFLOPS)) for d in dtypes))
     hours = total["seconds"] / 3600
     print(f"plan: {len(tasks)} (dtype, shape) runs, {total['kernels']} kernels; estimated {hours:.2f} h on one "
-          f"machine ({total['run_s'] / 3600:.2f} h timing at {rates}, warm-up + between --repeats "
+          f"machine ({total['run_s'] / 3600:.2f} h timing at {rates}, warm-up (light from "
+          f"{args.light_warmup_gflop:g} GFLOP) + between --repeats "
           f"{args.repeats} and --max-repeats {args.max_repeats} pairs within --target-seconds "
           f"{args.target_seconds}; {total['kernels']} x {compile_s:.1f} s compiling); on 2 / 4 / 16 machines "
           f"{hours / 2:.2f} / {hours / 4:.2f} / {hours / 16:.2f} h (a perfect split)", file=sys.stderr, flush=True)
@@ -385,7 +394,8 @@ def run_cpu(args, shapes, dtypes, writer, existing, done, machine, *, runner=Non
                 start = time.perf_counter()
                 run_shape(row, runner, shape_rng(args.seed, dtype, m, n, k), min_repeats=args.repeats,
                           max_repeats=args.max_repeats, target_s=args.target_seconds, spread_tol=args.spread_tol,
-                          mem_budget_bytes=budget, mem_available=mem_available, mem_fraction=MEM_FRACTION)
+                          mem_budget_bytes=budget, mem_available=mem_available, mem_fraction=MEM_FRACTION,
+                          light_warmup_gflop=args.light_warmup_gflop)
                 writer.write(row)
                 result["shapes_run"].append([dtype, m, n, k])
                 result["walls"].append({"task": [dtype, m, n, k], "seconds": time.perf_counter() - start,
@@ -528,7 +538,7 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
         run_info["extrapolation"] = extrapolate(
             [r for r in rows if r["mode"] == "cpu"], cpu_run["selection"], cpu_run["walls"], cpu_run["key"],
             min_repeats=args.repeats, max_repeats=args.max_repeats, target_s=args.target_seconds,
-            compile_s=cpu_run.get("compile_s"))
+            compile_s=cpu_run.get("compile_s"), light_warmup_gflop=args.light_warmup_gflop)
     summary = summarize(rows, machine=machine, run=run_info)
     if not args.no_plots and not stopped:
         try:

@@ -233,6 +233,27 @@ def test_repeats_stop_on_spread_budget_or_max(monkeypatch, rng, ours, theirs, kw
     assert timing.calc_diff < 1e-5
 
 
+@pytest.mark.parametrize("light", [False, True])
+def test_light_warmup_replaces_the_untimed_run_of_long_shapes(monkeypatch, rng, light):
+    _scripted_timer(monkeypatch, [5.0], [7.0])
+    runner = _sweep_cpu.NumpyRunner()
+    case = _sweep_cpu.make_case("bf16", 300, 16, 32, rng)
+    case.d[...] = 1.0
+    gflop = 2 * 300 * 16 * 32 / 1e9
+    timing = _sweep_cpu.time_shape(runner, case, min_repeats=1, target_s=1.0,
+                                   light_warmup_gflop=gflop if light else gflop * 1.01)
+    assert timing.repeats == 1 and timing.calc_diff < 1e-5
+    # light: the kernel built in the process, no untimed run; else one untimed run before the timed one
+    assert runner.builds == ([("bf16", 300, 16, 32)] if light else [])
+    assert runner.calls == [("bf16", 300, 16, 32)] * (1 if light else 2)
+    task = ("bf16", 4096, 4096, 4096)
+    rates = _sweep_plan.DEFAULT_RATES_GFLOPS
+    full = _sweep_plan.shape_seconds(task, rates, min_repeats=1, max_repeats=10, target_s=0.5)
+    cut = _sweep_plan.shape_seconds(task, rates, min_repeats=1, max_repeats=10, target_s=0.5, light_warmup_gflop=50)
+    per_pair = 2 * 4096**3 / 1e9 * (1 / rates["stand_in"] + 1 / rates["baseline"])
+    assert full - cut == pytest.approx(per_pair - _sweep_plan.LIGHT_WARMUP_S)
+
+
 def test_rows_record_repeats_spread_and_over_peak(tmp_path):
     out = tmp_path / "out"
     sweep.run(["--mode", "cpu", "--dtype", "bf16", "--runner", "numpy", "--shapes", str(_shape_file(tmp_path, TINY)),
@@ -313,7 +334,11 @@ def test_plan_only_estimates_and_writes_nothing(tmp_path, capsys):
     assert got == {"plan_only": True} and not out.exists()
     err = capsys.readouterr().err
     tasks = [("bf16", *s) for s in sweep.shapes_mod.all_shapes()]
-    hours = _sweep_plan.estimate_total(tasks, _cost, lambda t: t, compile_s=0.0)["seconds"] / 3600
+    def cost(task):
+        return _sweep_plan.shape_seconds(task, _sweep_plan.DEFAULT_RATES_GFLOPS, min_repeats=2, max_repeats=10,
+                                         target_s=0.5, light_warmup_gflop=_sweep_plan.LIGHT_WARMUP_GFLOP)
+
+    hours = _sweep_plan.estimate_total(tasks, cost, lambda t: t, compile_s=0.0)["seconds"] / 3600
     assert f"plan: 1055 (dtype, shape) runs, 1055 kernels; estimated {hours:.2f} h on one machine" in err
     assert "budget 0.5 h on 1 machine(s):" in err and "fp8" not in err
 
