@@ -1,17 +1,21 @@
-"""CPU benchmark of the grouped GEMMs (MoE shapes) beside the numpy code a user would otherwise write, in one run:
-a Python loop over the groups that decodes each group's FP8 operands, applies the block scales and multiplies.
-Per row: the stand-in's time, the numpy loop's, their ratio, the dense FP8 kernel on the same total rows (one
+"""CPU benchmark of the grouped GEMMs (MoE shapes) beside the numpy code a careful user would otherwise write, in
+one run: a Python loop over the groups that decodes each group's FP8 operands through the 256-entry table, scales
+them in place and multiplies in fp32 (deep_gemm.testing.peers' decode, the strongest numpy formulation).
+Per row: the stand-in's time, the numpy loop's, the speedup, the dense FP8 kernel on the same total rows (one
 weight) and the grouped call's throughput relative to it, and the modelled Ascend 950DT time of the grouped call
-(``estimate_gemm`` with the call's actual layout). CPU numbers are CPU numbers; chip numbers are modelled.
+(``estimate_gemm`` with the call's actual layout). Every library of a row is timed in one ``bench_steady`` run (the
+steady-state protocol printed at the start). CPU numbers are CPU numbers; chip numbers are modelled.
 
     python bench/grouped_bench.py --quick                     # small MoE-like shapes (minutes on 2 cores)
-    python bench/grouped_bench.py                             # DeepSeek-V3-like shapes (long: hours on 2 cores)
-    python bench/grouped_bench.py --kinds masked --pairs 3
+    python bench/grouped_bench.py                             # DeepSeek-V3-like shapes (hours on 2 cores)
+    python bench/grouped_bench.py --limit 1 --blocks 3 --calls 1   # one full-size row of each kind
+    python bench/grouped_bench.py --kinds masked --blocks 7
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -25,6 +29,8 @@ MASKED = [(g, rows, n, k) for g in (8, 16, 32) for rows in (16, 64) for n, k in 
 QUICK_CONTIGUOUS = [(4, 256, 1024, 1024), (8, 512, 2048, 1024), (4, 1024, 2048, 2048)]
 QUICK_MASKED = [(8, 16, 2048, 1024), (16, 16, 2048, 2048), (8, 64, 2048, 1024)]
 
+GROUPED, NUMPY, DENSE = "deep_gemm grouped", "numpy loop", "deep_gemm dense"
+
 
 def _fp8_stack(rng, g: int, mn: int, k: int):
     """(float8 codes [g, mn, k], fp32 power-of-two scales [g, mn, k/32]) without NaN codes."""
@@ -37,24 +43,23 @@ def _fp8_stack(rng, g: int, mn: int, k: int):
     return codes.view(ml_dtypes.float8_e4m3fn), sf
 
 
-def _decode(values, codes, sf, k):
-    """What a user writes: FP8 codes -> fp32 through a table, times the repeated block scales."""
-    return values[codes.view(np.uint8)] * np.repeat(sf, 32, axis=-1)[..., :k]
-
-
-def _row(kind, shape, t_grouped, t_numpy, t_dense, flops, est_us, note=""):
+def _row(kind, shape, timing, flops, est_us, note=""):
     g, rows, n, k = shape
-    dense = "" if t_dense is None else f"{t_dense * 1e3:10.1f} {t_dense / t_grouped:7.2f}"
+    t_grouped, t_numpy = timing.median(GROUPED), timing.median(NUMPY)
+    dense = ""
+    if DENSE in timing.blocks:
+        dense = f"{timing.median(DENSE) * 1e3:10.1f} {timing.speedup(GROUPED, DENSE):7.2f}"
     print(f"{kind:>10} {f'{g}x{rows} {n}x{k}':>22} {t_grouped * 1e3:10.1f} {flops / t_grouped / 1e9:7.1f} "
-          f"{t_numpy * 1e3:10.1f} {t_numpy / t_grouped:7.2f} {dense:>18} {est_us:10.1f}  {note}", flush=True)
+          f"{t_numpy * 1e3:10.1f} {timing.speedup(GROUPED, NUMPY):7.2f} {dense:>18} {est_us:10.1f} "
+          f"{os.getloadavg()[0]:5.1f}  {note}", flush=True)
 
 
-def bench_contiguous(shape, num_pairs: int, rng) -> None:
+def bench_contiguous(shape, opts, rng) -> None:
     import ml_dtypes
 
     import deep_gemm
-    from deep_gemm.device import FP8_E4M3_VALUES
-    from deep_gemm.testing import bench, bench_paired, grouped_layouts
+    from deep_gemm.testing import bench_steady, grouped_layouts
+    from deep_gemm.testing.peers import decode_fp8_lut
 
     g, rows, n, k = shape
     # Routing: group sizes drawn around ``rows`` (one group empty when there are 8), each padded to 256 rows
@@ -67,90 +72,104 @@ def bench_contiguous(shape, num_pairs: int, rng) -> None:
     b, sfb = _fp8_stack(rng, g, n, k)
     d = np.empty((m, n), ml_dtypes.bfloat16)
     starts = [int(np.argmax(per_row == i)) for i in range(g)]
+    padding = per_row < 0
+    out = np.empty((m, n), ml_dtypes.bfloat16)
 
     def grouped():
         deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a, sfa), (b, sfb), d, psum)
 
     def numpy_loop():
-        out = np.zeros((m, n), np.float32)
+        # NOTES: the same contract as the grouped call: every group's rows, the padding rows zeroed.
+        out[padding] = 0
         for i in range(g):
             if sizes[i]:
                 s, e = starts[i], starts[i] + sizes[i]
-                out[s:e] = _decode(FP8_E4M3_VALUES, a[s:e], sfa[s:e], k) @ _decode(FP8_E4M3_VALUES, b[i], sfb[i], k).T
-        return out
+                out[s:e] = decode_fp8_lut(a[s:e], sfa[s:e]) @ decode_fp8_lut(b[i], sfb[i]).T
 
-    start = time.perf_counter()
-    grouped()  # build + compile (or load) outside the timing
-    setup = time.perf_counter() - start
-    timing = bench_paired(grouped, numpy_loop, num_pairs=num_pairs, num_warmups=0)
     real = sum(sizes)
     d_dense = np.empty((real, n), ml_dtypes.bfloat16)
     a_dense = (np.ascontiguousarray(a[per_row >= 0]), np.ascontiguousarray(sfa[per_row >= 0]))
-    dense_call = lambda: deep_gemm.fp8_gemm_nt(a_dense, (b[0], sfb[0]), d_dense)  # noqa: E731
-    t_dense = bench(dense_call, num_warmups=1, num_tests=num_pairs)
+
+    def dense():
+        deep_gemm.fp8_gemm_nt(a_dense, (b[0], sfb[0]), d_dense)
+
+    start = time.perf_counter()
+    grouped()  # build + compile (or load) outside the timing
+    dense()
+    setup = time.perf_counter() - start
+    timing = bench_steady({GROUPED: grouped, NUMPY: numpy_loop, DENSE: dense}, opts.blocks, opts.calls)
     est = deep_gemm.estimate_gemm(real, n, k, gemm_type="m_grouped_contiguous", group_sizes=sizes)
-    _row("contiguous", shape, timing.median_a, timing.median_b, t_dense, 2.0 * real * n * k, est.time_us,
-         f"sizes={sizes} setup {setup:.1f}s")
+    _row("contiguous", shape, timing, 2.0 * real * n * k, est.time_us, f"sizes={sizes} setup {setup:.1f}s")
 
 
-def bench_masked(shape, num_pairs: int, rng) -> None:
+def bench_masked(shape, opts, rng) -> None:
     import ml_dtypes
 
     import deep_gemm
-    from deep_gemm.device import FP8_E4M3_VALUES
-    from deep_gemm.testing import bench_paired
+    from deep_gemm.testing import bench_steady
+    from deep_gemm.testing.peers import decode_fp8_lut
 
     g, max_m, n, k = shape
     masked_m = rng.integers(1, max_m + 1, size=g).astype(np.int32)
     a, sfa = _fp8_stack(rng, g, max_m, k)
     b, sfb = _fp8_stack(rng, g, n, k)
     d = np.empty((g, max_m, n), ml_dtypes.bfloat16)
+    out = np.empty((g, max_m, n), ml_dtypes.bfloat16)
     expected = max(1, int(round(float(masked_m.mean()))))
 
     def grouped():
         deep_gemm.m_grouped_fp8_gemm_nt_masked((a, sfa), (b, sfb), d, masked_m, expected)
 
     def numpy_loop():
-        out = np.zeros((g, max_m, n), np.float32)
-        for i in range(g):
-            r = int(masked_m[i])
-            out[i, :r] = _decode(FP8_E4M3_VALUES, a[i, :r], sfa[i, :r], k) @ _decode(FP8_E4M3_VALUES, b[i], sfb[i],
-                                                                                       k).T
-        return out
+        # NOTES: the host knows masked_m here (a numpy user has to); rows past it are not written, as in the kernel.
+        for i, r in enumerate(masked_m.tolist()):
+            if r:
+                out[i, :r] = decode_fp8_lut(a[i, :r], sfa[i, :r]) @ decode_fp8_lut(b[i], sfb[i]).T
 
     start = time.perf_counter()
     grouped()
     setup = time.perf_counter() - start
-    timing = bench_paired(grouped, numpy_loop, num_pairs=num_pairs, num_warmups=0)
+    timing = bench_steady({GROUPED: grouped, NUMPY: numpy_loop}, opts.blocks, opts.calls)
     real = int(masked_m.sum())
     est = deep_gemm.estimate_gemm(real, n, k, gemm_type="m_grouped_masked", group_sizes=masked_m.tolist())
-    _row("masked", shape, timing.median_a, timing.median_b, None, 2.0 * real * n * k, est.time_us,
-         f"masked_m max {int(masked_m.max())}, sum {real}; setup {setup:.1f}s")
+    _row("masked", shape, timing, 2.0 * real * n * k, est.time_us,
+         f"masked_m max {int(masked_m.max())}, sum {real}, expected_m {expected}; setup {setup:.1f}s")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from deep_gemm.testing import STEADY_PROTOCOL
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + "\n\n" +
+                                     STEADY_PROTOCOL.replace("CALLS", "--calls").replace("BLOCKS", "--blocks"),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small MoE-like shapes instead of DeepSeek-V3's")
     parser.add_argument("--kinds", nargs="*", choices=("contiguous", "masked"), default=["contiguous", "masked"])
-    parser.add_argument("--pairs", type=int, default=3, help="interleaved timing pairs per row")
+    parser.add_argument("--blocks", type=int, default=5, help="rounds of blocks per row (bench_steady)")
+    parser.add_argument("--calls", type=int, default=3, help="timed calls per block (one more is discarded)")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N rows of each kind")
     parser.add_argument("--cores", type=int, default=None, help="logical AI cores (default: the runtime's)")
-    args = parser.parse_args(argv)
+    opts = parser.parse_args(argv)
 
     from deep_gemm import runtime
+    from deep_gemm.testing import describe_machine
 
     rng = np.random.default_rng(0)
-    with runtime.runtime_scope(num_ai_cores=args.cores):
-        print(f"FP8 grouped GEMMs, {runtime.get_num_ai_cores()} logical AI cores; CPU times are medians of "
-              f"{args.pairs} interleaved pairs (stand-in vs numpy loop); chip times modelled "
-              f"({runtime.get_npu_arch()})")
+    with runtime.runtime_scope(num_ai_cores=opts.cores):
+        print(f"# machine: {describe_machine()}")
+        print(f"# load average at start {os.getloadavg()[0]:.2f} (other processes skew every row; the 'load' "
+              "column is the 1-minute load average after the row)")
+        print("# " + STEADY_PROTOCOL.replace("CALLS", str(opts.calls)).replace("BLOCKS", str(opts.blocks))
+              .replace("\n", "\n# "))
+        print(f"# FP8 grouped GEMMs, {runtime.get_num_ai_cores()} logical AI cores; numpy loop = per-group LUT decode "
+              f"+ in-place scaling + fp32 matmul; speedup = numpy / grouped, g/dense = dense / grouped time (the "
+              f"throughput ratio on the same real rows); chip times modelled ({runtime.get_npu_arch()})")
         print(f"{'kind':>10} {'groups x rows N x K':>22} {'grouped ms':>10} {'GFLOP/s':>7} {'numpy ms':>10} "
-              f"{'speedup':>7} {'dense ms':>10} {'g/dense':>7} {'chip us':>10}")
-        for kind in args.kinds:
-            shapes = {"contiguous": QUICK_CONTIGUOUS if args.quick else CONTIGUOUS,
-                      "masked": QUICK_MASKED if args.quick else MASKED}[kind]
-            for shape in shapes[:args.limit]:
-                (bench_contiguous if kind == "contiguous" else bench_masked)(shape, args.pairs, rng)
+              f"{'speedup':>7} {'dense ms':>10} {'g/dense':>7} {'chip us':>10} {'load':>5}")
+        for kind in opts.kinds:
+            shapes = {"contiguous": QUICK_CONTIGUOUS if opts.quick else CONTIGUOUS,
+                      "masked": QUICK_MASKED if opts.quick else MASKED}[kind]
+            for shape in shapes[:opts.limit]:
+                (bench_contiguous if kind == "contiguous" else bench_masked)(shape, opts, rng)
     return 0
 
 

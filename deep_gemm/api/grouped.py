@@ -264,7 +264,7 @@ class MGroupedPlan:
     compiled_dims: str
     with_accumulation: bool = False
     c_rows: np.ndarray | None = None  # [rows, N] accumulated into D (copied in before the launch)
-    zero_rows: np.ndarray | None = None  # bool [rows]: rows of D to zero (ensure_zero_padding)
+    zero_padding: bool = False  # ensure_zero_padding: rows of D no group owns are zeroed (by the kernel)
     finish: object = None  # callable run after the kernel (copy a temporary back into the caller's D)
     alpha: float = 1.0  # the kernel's output scale: 2^out_shift after ``rebalance_m_grouped_sf``
     extra: dict = field(default_factory=dict)
@@ -279,8 +279,10 @@ def run_m_grouped(plan: MGroupedPlan, reference: bool = False) -> object:
         return _launch(plan)
     if plan.c_rows is not None and plan.c_rows is not plan.d_rows:
         np.copyto(plan.d_rows, plan.c_rows)
-    if plan.zero_rows is not None and plan.zero_rows.any():
-        plan.d_rows[plan.zero_rows] = 0
+    # NOTES: the kernel writes the padding zeros itself (its cores own the padding chunks); the host writes them
+    # only where no kernel runs: the float64 reference, K == 0, and calls without a real row or column.
+    if plan.zero_padding and (reference or not _launches(plan)):
+        plan.d_rows[_padding_mask(plan.d_rows.shape[0], plan.group_start, plan.group_rows)] = 0
     # NOTES: K == 0 is upstream's early return (D = C, or zeros, in every group row); the numpy path writes exactly
     # that without a launch (for the masked kind it is the one case where the host reads masked_m to write).
     config = _reference_m_grouped(plan) if reference or plan.k == 0 else _launch(plan)
@@ -337,11 +339,17 @@ def rebalance_m_grouped_sf(plan: MGroupedPlan) -> None:
     plan.alpha = float(np.ldexp(1.0, shift))
 
 
+def _launches(plan: MGroupedPlan) -> bool:
+    """Whether ``_launch`` runs the kernel for this plan (it has rows to plan for, N and K)."""
+    return plan.model_m != 0 and plan.n != 0 and plan.k != 0
+
+
 def _launch(plan: MGroupedPlan):
-    if plan.model_m == 0 or plan.n == 0 or plan.k == 0:
+    if not _launches(plan):
         return None
+    zero_padding = plan.zero_padding if plan.gemm_type == "m_grouped_contiguous" else None
     layout = GroupedLayout(plan.group_start, plan.group_rows, plan.max_group_rows, plan.b.group_stride,
-                           plan.sfb.size // plan.b.num_groups if plan.sfb is not None else 0)
+                           plan.sfb.size // plan.b.num_groups if plan.sfb is not None else 0, zero_padding)
     d = plan.d_rows.view(np.uint16) if plan.out_kind == "bf16" else plan.d_rows
     common = dict(with_accumulation=plan.with_accumulation, alpha=plan.alpha, compiled_dims=plan.compiled_dims,
                   gemm_type=plan.gemm_type, num_groups=plan.model_groups, grouped=layout)
@@ -516,12 +524,11 @@ def plan_m_grouped_contiguous(a, b, d, grouped_layout, *, kinds, nn, recipe=None
         sfa_phys = np.ascontiguousarray(sfa_req.T)
         sfb_phys = _group_sf(sfb, op_b, gran_b, False, disable_ue8m0_cast, "sfb")
 
-    zero = _padding_mask(m, starts, sizes) if ensure_zero_padding else None
     return MGroupedPlan(
         gemm_type="m_grouped_contiguous", a_kind=a_kind, a_phys=a_phys, sfa=sfa_phys, b=op_b, sfb=sfb_phys,
         d_rows=d_rows, out_kind=out_kind, n=n, k=k, group_start=starts.astype(np.int32),
         group_rows=sizes.astype(np.int32), max_group_rows=m, model_m=model_m if m and n else 0,
-        model_groups=model_groups, compiled_dims=dims, zero_rows=zero,
+        model_groups=model_groups, compiled_dims=dims, zero_padding=bool(ensure_zero_padding),
     )
 
 

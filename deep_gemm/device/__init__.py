@@ -30,10 +30,11 @@ from .copy import (  # noqa: E402
 )
 from .cube import l0a_size, l0b_size, load_l0a, load_l0b, mmad  # noqa: E402
 from .datacopy import DataCopy, DataCopyPad  # noqa: E402
-from .fixpipe import Fixpipe, FixpipeToUB, bf16_bits_to_f32, f32_to_bf16_bits  # noqa: E402
+from .fixpipe import Fixpipe, FixpipeToUB, InitGlobalMemory, bf16_bits_to_f32, f32_to_bf16_bits  # noqa: E402
 from .scheduler import (  # noqa: E402
     get_grouped_block,
     get_grouped_num_tiles,
+    get_padding_run,
     get_swizzled_block,
     grouped_tile_order,
     tile_order,
@@ -68,8 +69,8 @@ __all__ = [
     "copy_gm_to_l1_fp8", "copy_gm_to_l1_fp4", "copy_gm_to_l1_bf16", "copy_gm_to_l1_sf",
     # MTE1 + Cube (device/cube.py)
     "l0a_size", "l0b_size", "load_l0a", "load_l0b", "mmad",
-    # FixPipe: L0C -> GM, L0C -> UB
-    "Fixpipe", "FixpipeToUB",
+    # FixPipe: L0C -> GM, L0C -> UB; GM fill
+    "Fixpipe", "FixpipeToUB", "InitGlobalMemory",
     # AIV: GM <-> UB (MTE2 / MTE3)
     "DataCopy", "DataCopyPad",
     # AIV: Vector unit (device/vector.py, device/cast.py)
@@ -78,7 +79,7 @@ __all__ = [
     # Pipe synchronisation
     "SetFlag", "WaitFlag", "PipeBarrier",
     # Scheduler
-    "get_swizzled_block", "get_grouped_num_tiles", "get_grouped_block",
+    "get_swizzled_block", "get_grouped_num_tiles", "get_grouped_block", "get_padding_run",
     # LocalTensor views
     "slot_view", "tile_view",
 ]

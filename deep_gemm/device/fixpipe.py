@@ -1,5 +1,6 @@
 """Fixpipe (L0C -> GM): the epilogue that scales the fp32 accumulator by alpha, optionally adds it to D, and
 rounds to the output dtype (fp32 -> bf16 round-to-nearest-even, or fp32 as is) while writing only the valid region.
+Also InitGlobalMemory, the GM fill that stores like it.
 
 NOTES: compiled without fast-math, so ``d + alpha * acc`` is one fp32 multiply then one fp32 add (never fused),
 exactly as a numpy reference computes it, and NaN / Inf pass through.
@@ -84,6 +85,18 @@ def Fixpipe(gm_d, stride_d, l0c, row0, col0, num_rows, num_cols, m, n, alpha, wi
         for j in range(cols):
             _store_out(gm_d, base + j, scale * l0c[i, j], with_accumulation)
 
+
+@njit(cache=True)
+def InitGlobalMemory(gm, size, value):  # noqa: N802
+    """InitGlobalMemory(gm, size, value): the first ``size`` elements of a GM tensor = ``value``, stored as D stores
+    it (uint16 storage: the bf16 bits of fp32(value), rounded to nearest even; float32 as is). How a kernel clears an
+    output region its tiles never write (the M-grouped padding rows). Raises IndexError when size exceeds the tensor
+    (nothing written)."""
+    if size < 0 or size > gm.size:
+        raise IndexError("InitGlobalMemory: size exceeds the tensor", size, gm.size)
+    v = np.float32(value)
+    for i in range(size):
+        _store_out(gm, i, v, False)
 
 def _store_ub(ub, i, j, value):
     """Store one fp32 accumulator into a UB tile of fp32 (as is) or uint16 (bf16 bits, RNE) (numba-only)."""

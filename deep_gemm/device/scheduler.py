@@ -154,6 +154,39 @@ def get_grouped_block(t, group_start, group_rows, num_groups, max_rows, num_n_bl
 
 
 @njit(cache=True)
+def get_padding_run(row, end, group_start, group_rows, num_groups, max_rows, run):
+    """The first run of padding rows in [row, end) of an M-grouped launch: writes run[0] = its first row, run[1] =
+    its end (the next group's first row, or ``end``); run[0] = run[1] = end when every row there belongs to a group.
+
+    A row is padding when no group's [group_start[g], group_start[g] + rows_g) holds it (rows_g clamped as
+    ``grouped_rows``). Groups may come in any order (CUDA DeepGEMM's per-row layout) but never overlap. Read from
+    GM by the cores that own a chunk of rows when the kernel zeroes the padding (ensure_zero_padding).
+    """
+    r = row
+    while r < end:
+        owner_end = -1
+        for g in range(num_groups):
+            rows = grouped_rows(group_rows, g, max_rows)
+            start = group_start[g]
+            if rows > 0 and start <= r < start + rows:
+                owner_end = start + rows
+                break
+        if owner_end < 0:
+            break
+        r = owner_end
+    if r >= end:
+        run[0] = end
+        run[1] = end
+        return
+    stop = end
+    for g in range(num_groups):
+        start = group_start[g]
+        if grouped_rows(group_rows, g, max_rows) > 0 and r < start < stop:
+            stop = start
+    run[0] = r
+    run[1] = stop
+
+@njit(cache=True)
 def _grouped_tile_order(group_start, group_rows, num_groups, max_rows, num_n_blocks, block_m, group_m, num_cores,
                         out):
     blk = np.empty(4, np.int64)

@@ -34,6 +34,8 @@ class GroupedLayout:
     Group g owns rows [group_start[g], group_start[g] + clamp(group_rows[g], 0, max_group_rows)) of A and D (both
     int32 [G], C-contiguous; group_rows is masked_m itself for the masked kind, read by the kernel only), and its B
     (and B's scales) start ``group_stride_b`` (``group_stride_sfb``) elements after group g - 1's.
+    ``zero_padding`` (contiguous kind only, None for the others): the kernel writes zeros into the rows of D
+    [0, max_group_rows) that no group owns (ensure_zero_padding), or leaves them untouched.
     """
 
     group_start: np.ndarray
@@ -41,6 +43,7 @@ class GroupedLayout:
     max_group_rows: int
     group_stride_b: int
     group_stride_sfb: int = 0
+    zero_padding: bool | None = None
 
     @property
     def num_groups(self) -> int:
@@ -52,6 +55,8 @@ class GroupedLayout:
                 "max_group_rows": self.max_group_rows, "group_stride_b": self.group_stride_b}
         if with_sf:
             args["group_stride_sfb"] = self.group_stride_sfb
+        if self.zero_padding is not None:
+            args["zero_padding"] = int(self.zero_padding)
         return args
 
 

@@ -244,6 +244,35 @@ def test_grouped_one_and_32_cores_bitwise_equal(rng):
     assert_bitwise_equal(_bits(outs[0][1]), _bits(outs[1][1]), "masked, 1 vs 32 cores")
 
 
+def test_padding_is_zeroed_by_the_kernel_in_any_group_order(rng, monkeypatch):
+    # CUDA DeepGEMM's per-row layout: groups out of order, at any row, padding before, between and after them; the
+    # kernel's cores write the zeros (the host's padding pass is never reached when the kernel runs)
+    from deep_gemm.api import grouped as grouped_api
+
+    m = 300
+    per_row = np.full(m, -1, np.int32)
+    per_row[3:40], per_row[40], per_row[100:228], per_row[290:299] = 2, 0, 3, 1
+    a, a_val = _operand(rng, "fp8", m, K)
+    b, b_vals = _stack(rng, "fp8", 4, N, K)
+
+    def host_pass(*args):
+        raise AssertionError("the host zeroed the padding although the kernel ran")
+
+    monkeypatch.setattr(grouped_api, "_padding_mask", host_pass)
+    outs = []
+    for cores in (1, 32):
+        with deep_gemm.runtime_scope(num_ai_cores=cores):
+            d = _garbage(rng, (m, N))
+            deep_gemm.m_grouped_fp8_gemm_nt_contiguous(a, b, d, per_row, use_psum_layout=False)
+            outs.append(d)
+    assert_bitwise_equal(_bits(outs[0]), _bits(outs[1]), "kernel-zeroed padding, 1 vs 32 cores")
+    d = outs[0]
+    assert not d[per_row < 0].astype(np.float32).any()
+    for g in range(4):
+        rows = per_row == g
+        assert calc_diff(d[rows].astype(np.float64), a_val[rows] @ b_vals[g].T) < 1e-3
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # K-grouped
 

@@ -88,3 +88,17 @@ def test_fixpipe_nan_inf_pass_through():
     fixpipe.Fixpipe(d, 4, l0c, 0, 0, 1, 4, 1, 4, 2.0, False)
     got = d.view(ml_dtypes.bfloat16).astype(np.float32)
     assert np.isnan(got[0]) and got[1] == np.inf and got[2] == -np.inf and got[3] == np.inf  # 6e38 overflows
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+def test_init_global_memory_fills_exactly_size_elements(dtype):
+    gm = np.full(10, 7, dtype)
+    fixpipe.InitGlobalMemory(gm[3:], 5, 0.0)
+    want = np.full(10, 7, dtype)
+    want[3:8] = 0
+    np.testing.assert_array_equal(gm, want)
+    fixpipe.InitGlobalMemory(gm, 2, 1.5)  # stored as D stores it: bf16 bits of 1.5, or 1.5
+    assert gm[0] == (0x3FC0 if dtype == np.uint16 else np.float32(1.5))
+    with pytest.raises(IndexError):
+        fixpipe.InitGlobalMemory(gm, 11, 0.0)
+    assert gm[9] == 7

@@ -101,3 +101,25 @@ def test_grouped_order_inside_a_group_is_the_dense_order():
     dense = scheduler.tile_order(8, 16, 4, 32)
     np.testing.assert_array_equal(first[:, 0] // 64, dense[:, 0])
     np.testing.assert_array_equal(first[:, 1], dense[:, 1])
+
+
+def test_padding_runs_are_exactly_the_rows_of_no_group():
+    # groups in any order (CUDA DeepGEMM's per-row layout), empty ones, padding before, between and after them;
+    # rows past max_rows are clamped away like masked_m
+    starts = np.array([40, 0, 3, 100, 290, 7], np.int32)
+    rows = np.array([1, 0, 37, 128, 99, -5], np.int32)
+    max_rows, num_rows = 9, 300
+    owned = np.zeros(num_rows, bool)
+    for s, r in zip(starts, np.clip(rows, 0, max_rows), strict=True):
+        owned[s:s + r] = True
+    for chunk in (1, 16, 64, 300):
+        padding = np.zeros(num_rows, bool)
+        run = np.zeros(2, np.int32)
+        for lo in range(0, num_rows, chunk):
+            end, row = min(num_rows, lo + chunk), lo
+            while row < end:
+                scheduler.get_padding_run(row, end, starts, rows, len(starts), max_rows, run)
+                assert row <= run[0] <= run[1] <= end and (run[0] < run[1] or run[0] == end)
+                padding[run[0]:run[1]] = True
+                row = run[1]
+        np.testing.assert_array_equal(padding, ~owned)
