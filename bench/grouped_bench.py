@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -43,14 +44,35 @@ def _fp8_stack(rng, g: int, mn: int, k: int):
     return codes.view(ml_dtypes.float8_e4m3fn), sf
 
 
-def _row(kind, shape, timing, flops, est_us, note=""):
+def _steady(fns: dict, opts) -> tuple:
+    """bench_steady over ``fns``, and each library's median process CPU seconds per call (every thread of this
+    process; the warm-up call left out). CPU time is what the call costs the machine whoever else runs on it, so it
+    compares the grouped and dense kernels (both ours, whose idle threads sleep) where a loaded machine's wall clock
+    cannot; numpy's figure would include OpenBLAS threads spinning after a call and is not used."""
+    from deep_gemm.testing import bench_steady
+
+    cpu = {name: [] for name in fns}
+
+    def counted(name, fn):
+        def call():
+            start = time.process_time()
+            fn()
+            cpu[name].append(time.process_time() - start)
+        return call
+
+    timing = bench_steady({name: counted(name, fn) for name, fn in fns.items()}, opts.blocks, opts.calls)
+    return timing, {name: statistics.median(times[1:]) for name, times in cpu.items()}
+
+
+def _row(kind, shape, timing, cpu, flops, est_us, note=""):
     g, rows, n, k = shape
     t_grouped, t_numpy = timing.median(GROUPED), timing.median(NUMPY)
     dense = ""
     if DENSE in timing.blocks:
-        dense = f"{timing.median(DENSE) * 1e3:10.1f} {timing.speedup(GROUPED, DENSE):7.2f}"
+        dense = (f"{timing.median(DENSE) * 1e3:10.1f} {timing.speedup(GROUPED, DENSE):7.2f} "
+                 f"{cpu[DENSE] / cpu[GROUPED]:7.2f}")
     print(f"{kind:>10} {f'{g}x{rows} {n}x{k}':>22} {t_grouped * 1e3:10.1f} {flops / t_grouped / 1e9:7.1f} "
-          f"{t_numpy * 1e3:10.1f} {timing.speedup(GROUPED, NUMPY):7.2f} {dense:>18} {est_us:10.1f} "
+          f"{t_numpy * 1e3:10.1f} {timing.speedup(GROUPED, NUMPY):7.2f} {dense:>26} {est_us:10.1f} "
           f"{os.getloadavg()[0]:5.1f}  {note}", flush=True)
 
 
@@ -58,7 +80,7 @@ def bench_contiguous(shape, opts, rng) -> None:
     import ml_dtypes
 
     import deep_gemm
-    from deep_gemm.testing import bench_steady, grouped_layouts
+    from deep_gemm.testing import grouped_layouts
     from deep_gemm.testing.peers import decode_fp8_lut
 
     g, rows, n, k = shape
@@ -97,16 +119,15 @@ def bench_contiguous(shape, opts, rng) -> None:
     grouped()  # build + compile (or load) outside the timing
     dense()
     setup = time.perf_counter() - start
-    timing = bench_steady({GROUPED: grouped, NUMPY: numpy_loop, DENSE: dense}, opts.blocks, opts.calls)
+    timing, cpu = _steady({GROUPED: grouped, NUMPY: numpy_loop, DENSE: dense}, opts)
     est = deep_gemm.estimate_gemm(real, n, k, gemm_type="m_grouped_contiguous", group_sizes=sizes)
-    _row("contiguous", shape, timing, 2.0 * real * n * k, est.time_us, f"sizes={sizes} setup {setup:.1f}s")
+    _row("contiguous", shape, timing, cpu, 2.0 * real * n * k, est.time_us, f"sizes={sizes} setup {setup:.1f}s")
 
 
 def bench_masked(shape, opts, rng) -> None:
     import ml_dtypes
 
     import deep_gemm
-    from deep_gemm.testing import bench_steady
     from deep_gemm.testing.peers import decode_fp8_lut
 
     g, max_m, n, k = shape
@@ -129,10 +150,10 @@ def bench_masked(shape, opts, rng) -> None:
     start = time.perf_counter()
     grouped()
     setup = time.perf_counter() - start
-    timing = bench_steady({GROUPED: grouped, NUMPY: numpy_loop}, opts.blocks, opts.calls)
+    timing, cpu = _steady({GROUPED: grouped, NUMPY: numpy_loop}, opts)
     real = int(masked_m.sum())
     est = deep_gemm.estimate_gemm(real, n, k, gemm_type="m_grouped_masked", group_sizes=masked_m.tolist())
-    _row("masked", shape, timing, 2.0 * real * n * k, est.time_us,
+    _row("masked", shape, timing, cpu, 2.0 * real * n * k, est.time_us,
          f"masked_m max {int(masked_m.max())}, sum {real}, expected_m {expected}; setup {setup:.1f}s")
 
 
@@ -162,9 +183,10 @@ def main(argv: list[str] | None = None) -> int:
               .replace("\n", "\n# "))
         print(f"# FP8 grouped GEMMs, {runtime.get_num_ai_cores()} logical AI cores; numpy loop = per-group LUT decode "
               f"+ in-place scaling + fp32 matmul; speedup = numpy / grouped, g/dense = dense / grouped time (the "
-              f"throughput ratio on the same real rows); chip times modelled ({runtime.get_npu_arch()})")
+              f"throughput ratio on the same real rows), cpu g/d = the same ratio of process CPU time per call; "
+              f"chip times modelled ({runtime.get_npu_arch()})")
         print(f"{'kind':>10} {'groups x rows N x K':>22} {'grouped ms':>10} {'GFLOP/s':>7} {'numpy ms':>10} "
-              f"{'speedup':>7} {'dense ms':>10} {'g/dense':>7} {'chip us':>10} {'load':>5}")
+              f"{'speedup':>7} {'dense ms':>10} {'g/dense':>7} {'cpu g/d':>7} {'chip us':>10} {'load':>5}")
         for kind in opts.kinds:
             shapes = {"contiguous": QUICK_CONTIGUOUS if opts.quick else CONTIGUOUS,
                       "masked": QUICK_MASKED if opts.quick else MASKED}[kind]

@@ -229,6 +229,16 @@ def per_row_groups(layout: np.ndarray, num_groups: int, name: str = "grouped_lay
     return starts, sizes
 
 
+def planned_group_rows(mean_rows: int) -> int:
+    """Rows per group the heuristic plans an M-grouped contiguous call for: the groups' mean row count rounded up to
+    a quarter octave (16, 20, 24, 28, 32, 40, ..., 512, 640, 768, 896, 1024, 1280, ...), at least 16 (the Cube's
+    smallest M tile), so that nearby layouts share one config."""
+    if mean_rows <= 16:
+        return 16
+    step = 1 << (int(mean_rows).bit_length() - 3)
+    return ceil_div(int(mean_rows), step) * step
+
+
 def _padding_mask(num_rows: int, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     """bool [num_rows]: True for every row that belongs to no group (the padding)."""
     mask = np.ones(num_rows, bool)
@@ -503,11 +513,14 @@ def plan_m_grouped_contiguous(a, b, d, grouped_layout, *, kinds, nn, recipe=None
         expected = _check_positive_int(expected_m_for_psum_layout, "expected_m_for_psum_layout")
         model_m, model_groups = expected * num_groups, num_groups
     else:
-        # NOTES: the host knows the real layout here (it checked it): the heuristic plans for the real rows of the
-        # non-empty groups, which is what the schedule walks (the same desc estimate_gemm builds for this layout).
+        # NOTES: the host knows the real layout here (it checked it): the heuristic plans for the non-empty groups
+        # (what the schedule walks) at their mean size, as estimate_gemm models this layout, with the mean rounded up
+        # to a quarter octave so that a new routing every call (an MoE layer's normal case) finds its config and
+        # kernel prepared instead of running the heuristic again (tens of ms) or compiling a new specialization.
         model_m, model_groups = 0, 1
         if sizes.sum():
-            model_m, _, model_groups = layout_problem("m_grouped_contiguous", m, k, group_sizes=sizes.tolist())
+            real_m, _, model_groups = layout_problem("m_grouped_contiguous", m, k, group_sizes=sizes.tolist())
+            model_m = planned_group_rows(ceil_div(real_m, model_groups)) * model_groups
 
     # Scale factors
     sfa_phys = sfb_phys = None

@@ -273,6 +273,22 @@ def test_padding_is_zeroed_by_the_kernel_in_any_group_order(rng, monkeypatch):
         assert calc_diff(d[rows].astype(np.float64), a_val[rows] @ b_vals[g].T) < 1e-3
 
 
+def test_new_routings_of_similar_size_reuse_the_planned_config(rng, monkeypatch):
+    # an MoE layer routes differently every call: layouts whose mean group size rounds to the same quarter octave
+    # plan one config (the heuristic runs at most once for them), and D is still exact for each
+    from deep_gemm.kernels import common
+
+    planned = []
+    select = common._select_config
+    monkeypatch.setattr(common, "_select_config", lambda desc, arch: planned.append(desc) or select(desc, arch))
+    for sizes in ([150, 0, 140], [149, 0, 141], [133, 0, 160]):
+        a, b, psum, per_row, m, ref = _contiguous_problem(rng, "fp8", "fp8", sizes, 0)
+        d = _garbage(rng, (m, N))
+        deep_gemm.m_grouped_fp8_gemm_nt_contiguous(a, b, d, psum)
+        assert calc_diff(d[per_row >= 0].astype(np.float64), ref[per_row >= 0]) < 1e-3
+    assert len({(desc.m, desc.num_groups) for desc in planned}) <= 1 and len(planned) <= 1
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # K-grouped
 
