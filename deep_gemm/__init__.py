@@ -73,9 +73,13 @@ _export(
     "unpack_sf_from_required_layout",
 )
 
+# HyperConnection
+_export(".api.hc_prenorm", "tf32_hc_prenorm_gemm")
+
 # Chip model
 _export(".estimate", "estimate_gemm", "GemmEstimate")
 _export(".heuristics.mqa", "estimate_mqa_logits", "MqaEstimate")
+_export(".estimate_hc", "estimate_hc_prenorm_gemm", "HcPrenormEstimate")
 
 # Submodules
 # NOTES: deep_gemm.epilogue holds DeepGEMM-Ascend's epilogue classes (Epilogue, Identity, Alpha, FP8Quantization).

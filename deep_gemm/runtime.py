@@ -106,7 +106,11 @@ def get_theoretical_mk_alignment_for_contiguous_layout(expected_m: int | None = 
 
 
 def use_deterministic_algorithms(enabled: bool = True) -> None:
-    """Store the flag. Every kernel here is deterministic anyway: no split-K, no atomics."""
+    """Deterministic mode, read by ``tf32_hc_prenorm_gemm`` (the one kernel that splits K on its own): its split
+    count then depends only on the shape and the arch, never on the core count, and the splits are summed in split
+    order, so D is bitwise the same across runs, thread counts and ``set_num_ai_cores``. The GEMM kernels never
+    split K and are deterministic either way (every kernel here sums in a fixed order; on the chip, the
+    non-deterministic HC pre-norm would add its splits with atomics)."""
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}: {enabled!r}")
     with _lock:

@@ -27,6 +27,7 @@ from .copy import (  # noqa: E402
     copy_gm_to_l1_fp4,
     copy_gm_to_l1_fp8,
     copy_gm_to_l1_sf,
+    copy_gm_to_l1_tf32,
 )
 from .cube import l0a_size, l0b_size, load_l0a, load_l0b, mmad  # noqa: E402
 from .datacopy import DataCopy, DataCopyPad  # noqa: E402
@@ -66,7 +67,7 @@ from .vector import (  # noqa: E402
 # Intrinsics a template may call (the translator resolves calls against this list).
 __all__ = [
     # MTE2: GM -> L1
-    "copy_gm_to_l1_fp8", "copy_gm_to_l1_fp4", "copy_gm_to_l1_bf16", "copy_gm_to_l1_sf",
+    "copy_gm_to_l1_fp8", "copy_gm_to_l1_fp4", "copy_gm_to_l1_bf16", "copy_gm_to_l1_sf", "copy_gm_to_l1_tf32",
     # MTE1 + Cube (device/cube.py)
     "l0a_size", "l0b_size", "load_l0a", "load_l0b", "mmad",
     # FixPipe: L0C -> GM, L0C -> UB; GM fill

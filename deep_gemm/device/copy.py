@@ -17,7 +17,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from ..jit.numba_setup import apply_numba_settings
-from ._bits import decode_e2m1, emit_decode, widen_to_i32
+from ._bits import bits_to_f32, decode_e2m1, emit_decode, f32_to_bits, widen_to_i32
 from .cube import _data_ptr, _ptr_add
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
@@ -175,6 +175,47 @@ def copy_gm_to_l1_bf16(l1, gm, stride, is_mn_major, mn0, k0, mn, k):
     """
     pd, ld, rows, cols = _l1_args(l1, mn0, k0, mn, k)
     _copy_codes_core(pd, ld, _data_ptr(gm), stride, bool(is_mn_major), mn0, k0, rows, cols)
+    _zero_fill_core(pd, ld, l1.shape[0], l1.shape[1], rows, cols)
+
+
+@njit(cache=True, inline="always")
+def round_to_hf32(x):
+    """The value the Cube's HF32 mode gives the fp32 ``x``: the 23-bit mantissa rounded to 10 bits (TF32's), round to
+    nearest, ties to even (SetHF32TransMode's default, NEAREST_EVEN); a carry may raise the exponent, up to Inf.
+    Inf and NaN pass through unchanged."""
+    bits = f32_to_bits(x)
+    if (bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000):
+        return x
+    bits = (bits + np.uint32(0xFFF) + ((bits >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+    return bits_to_f32(bits)
+
+
+@njit(cache=True)
+def _copy_hf32_core(pd, ld, ps, stride, is_mn_major, mn0, k0, rows, cols):
+    if is_mn_major:
+        for j in range(cols):
+            src = _ptr_add(ps, (k0 + j) * stride + mn0)
+            for i in range(rows):
+                pd[i * ld + j] = round_to_hf32(src[i])
+    else:
+        for i in range(rows):
+            src = _ptr_add(ps, (mn0 + i) * stride + k0)
+            dst = _ptr_add(pd, i * ld)
+            for j in range(cols):
+                dst[j] = round_to_hf32(src[j])
+
+
+@njit(cache=True)
+def copy_gm_to_l1_tf32(l1, gm, stride, is_mn_major, mn0, k0, mn, k):
+    """DataCopy GM -> L1 of an fp32 operand the Cube reads in HF32 mode (SetHF32Mode(true)): each value rounded to
+    TF32's 10-bit mantissa, round to nearest even (round_to_hf32).
+
+    l1: fp32 [rows, cols]; gm: flat float32, layouts as in copy_gm_to_l1_fp8 (``stride`` in elements). Zero beyond
+    mn / k. NOTES: the chip rounds as Mmad reads each operand; rounding is per element and idempotent, so rounding
+    once on the way into L1 gives the Cube the same values and keeps the MAD loop the BF16 kernels' own.
+    """
+    pd, ld, rows, cols = _l1_args(l1, mn0, k0, mn, k)
+    _copy_hf32_core(pd, ld, _data_ptr(gm), stride, bool(is_mn_major), mn0, k0, rows, cols)
     _zero_fill_core(pd, ld, l1.shape[0], l1.shape[1], rows, cols)
 
 

@@ -20,6 +20,7 @@ from .formats import (
     is_fp8,
     is_packed_fp4,
     pack_fp4,
+    round_to_tf32,
     unpack_fp4,
 )
 from .layout import (
@@ -48,7 +49,7 @@ __all__ = [
     "FP8_DTYPE", "BF16_DTYPE", "PACKED_FP4_DTYPE", "E4M3_MAX", "E2M1_MAX",
     "E4M3_DECODE_TABLE", "E2M1_DECODE_TABLE", "E2M1_THRESHOLDS",
     "is_fp8", "is_packed_fp4", "is_bf16", "fp8_codes", "encode_e4m3", "decode_e4m3", "encode_e2m1", "decode_e2m1",
-    "pack_fp4", "unpack_fp4", "fp32_to_bf16_bits", "bf16_bits_to_fp32",
+    "pack_fp4", "unpack_fp4", "fp32_to_bf16_bits", "bf16_bits_to_fp32", "round_to_tf32",
     # Math
     "ceil_div", "align", "ceil_to_ue8m0", "pack_ue8m0_to_int", "unpack_ue8m0_from_int",
     "per_token_cast_to_fp8", "per_channel_cast_to_fp8", "per_block_cast_to_fp8", "per_custom_dims_cast_to_fp8",

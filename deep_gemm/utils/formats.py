@@ -13,7 +13,7 @@ __all__ = [
     "E4M3_DECODE_TABLE", "E2M1_DECODE_TABLE", "E2M1_THRESHOLDS",
     "is_fp8", "is_packed_fp4", "is_bf16",
     "fp8_codes", "encode_e4m3", "decode_e4m3", "encode_e2m1", "decode_e2m1",
-    "pack_fp4", "unpack_fp4", "fp32_to_bf16_bits", "bf16_bits_to_fp32",
+    "pack_fp4", "unpack_fp4", "fp32_to_bf16_bits", "bf16_bits_to_fp32", "round_to_tf32",
 ]
 
 FP8_DTYPE = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -199,6 +199,22 @@ def fp32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     if nan.any():
         rounded = np.where(nan, ((bits >> 16) & 0x8000).astype(np.uint16) | np.uint16(0x7FC0), rounded)
     return rounded
+
+
+def round_to_tf32(x: np.ndarray) -> np.ndarray:
+    """fp32 -> fp32 holding the TF32 value: the mantissa rounded to 10 bits, round to nearest, ties to even.
+
+    The Cube's HF32 mode in its default rounding (SetHF32TransMode NEAREST_EVEN), which tf32_hc_prenorm_gemm
+    applies to its fp32 operand; Inf and NaN pass through, a carry past the largest finite value gives +-Inf.
+    """
+    x = np.asarray(x)
+    if x.dtype != np.float32:
+        raise TypeError(f"round_to_tf32 needs float32, got {x.dtype=}")
+    bits = x.view(np.uint32)
+    # NOTES: the same add-and-truncate as fp32_to_bf16_bits, on the low 13 bits; Inf/NaN are kept as they are.
+    rounded = (bits + (np.uint32(0xFFF) + ((bits >> 13) & 1))) & np.uint32(0xFFFFE000)
+    special = (bits & np.uint32(0x7F800000)) == np.uint32(0x7F800000)
+    return np.where(special, bits, rounded).astype(np.uint32).view(np.float32)
 
 
 def bf16_bits_to_fp32(bits: np.ndarray) -> np.ndarray:

@@ -153,3 +153,26 @@ def test_code_l1_matches_decoded_l1(rng, kind, major):
             load(from_codes, codes_l1, sf, row0, kk0, tile_rows, tile_k, with_sf)
             load(from_values, values_l1, sf, row0, kk0, tile_rows, tile_k, with_sf)
             np.testing.assert_array_equal(from_codes.view(np.uint32), from_values.view(np.uint32))
+
+
+def test_copy_tf32_rounds_like_round_to_tf32(rng):
+    from deep_gemm.utils import round_to_tf32
+
+    mn, k, mn0, k0, rows, cols = 21, 300, 8, 256, 16, 64  # straddles both edges
+    phys = rng.standard_normal((mn, k)).astype(np.float32)
+    bits = phys.view(np.uint32)
+    bits[0, :8] = (bits[0, :8] & np.uint32(0xFFFFE000)) | np.uint32(0x1000)  # ties
+    bits[1, :4] = [0x7F800000, 0xFF800000, 0x7FC00001, 0x7F7FFFFF]  # +-Inf, NaN payload kept, max -> +Inf
+    for major in ("k", "mn"):
+        stored = phys if major == "k" else np.ascontiguousarray(phys.T)
+        l1 = np.full((rows, cols), np.nan, np.float32)
+        dcopy.copy_gm_to_l1_tf32(l1, stored.reshape(-1), stored.shape[1], major == "mn", mn0, k0, mn, k)
+        expected = np.zeros((rows, cols), np.float32)
+        part = round_to_tf32(phys)[mn0:mn0 + rows, k0:k0 + cols]
+        expected[:part.shape[0], :part.shape[1]] = part
+        np.testing.assert_array_equal(l1.view(np.uint32), expected.view(np.uint32))
+    l1 = np.zeros((2, 8), np.float32)
+    dcopy.copy_gm_to_l1_tf32(l1, phys.reshape(-1), k, False, 0, 0, mn, k)
+    np.testing.assert_array_equal(l1.view(np.uint32), round_to_tf32(phys[:2, :8]).view(np.uint32))
+    assert np.isposinf(l1[1, 0]) and np.isneginf(l1[1, 1]) and l1[1, 2:3].view(np.uint32)[0] == 0x7FC00001
+    assert np.isposinf(l1[1, 3]) and (l1[0] != phys[0, :8]).any()

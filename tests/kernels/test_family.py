@@ -17,6 +17,7 @@ from deep_gemm.kernels.bf16_gemm import BF16_GEMM
 from deep_gemm.kernels.common import prepare_gemm
 from deep_gemm.kernels.family import FAMILIES, KernelFamily
 from deep_gemm.kernels.fp8_gemm import FP8_GEMM
+from deep_gemm.kernels.hc_prenorm import TF32_HC_PRENORM_GEMM
 from deep_gemm.kernels.mqa_logits import MQA_LOGITS, PAGED_MQA_LOGITS
 
 CONFIG = GemmConfig(block_m=64, block_n=64, block_k=128, mad_m=32, mad_n=32, mad_k=64, num_l1_stages=2,
@@ -30,6 +31,7 @@ def test_every_kernel_template_has_a_family():
     assert templates <= set(FAMILIES), f"templates without a KernelFamily: {templates - set(FAMILIES)}"
     assert FAMILIES["fp8_gemm"] is FP8_GEMM and FAMILIES["bf16_gemm"] is BF16_GEMM
     assert FAMILIES["mqa_logits"] is MQA_LOGITS and FAMILIES["paged_mqa_logits"] is PAGED_MQA_LOGITS
+    assert FAMILIES["tf32_hc_prenorm_gemm"] is TF32_HC_PRENORM_GEMM
 
 
 def _fp8_prepared():
