@@ -259,7 +259,7 @@ def modelled_ragged_us(s: int, s_kv: int, ks, ke) -> str:
     est = _dg("estimate_mqa_logits")
     if est is None:
         return "n/a (no estimate_mqa_logits)"
-    return f"{est(s, s_kv, NUM_HEADS, HEAD_DIM, ks=list(map(int, ks)), ke=list(map(int, ke))).time_us:.1f}"
+    return f"{est(s, s_kv, NUM_HEADS, HEAD_DIM, cu_seq_len_k_start=ks, cu_seq_len_k_end=ke).time_us:.1f}"
 
 
 def modelled_paged_us(context_lens) -> str:

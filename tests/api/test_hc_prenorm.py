@@ -34,11 +34,15 @@ def _reference(a, b, k_ranges):
     return d, s
 
 
-def _run(a, b, num_splits=None, cores=5, threads=None, deterministic=True):
+def _run(a, b, num_splits=None, cores=5, threads=None, deterministic=True, padded=None):
     m, n = a.shape[0], b.shape[0]
     shape_d = (m, n) if num_splits is None else (num_splits, m, n)
     d = np.full(shape_d, np.nan, np.float32)
     sqr = np.full(shape_d[:-1], np.nan, np.float32)
+    if padded is not None:  # views with padded rows (and splits): the padding must stay untouched
+        padded["d"] = np.full(shape_d[:-1] + (n + 8,), np.nan, np.float32)
+        padded["sqr"] = np.full(shape_d[:-2] + (m + 3,), np.nan, np.float32)
+        d, sqr = padded["d"][..., :n], padded["sqr"][..., :m]
     saved = runtime.get_deterministic_algorithms()
     try:
         runtime.use_deterministic_algorithms(deterministic)
@@ -82,7 +86,9 @@ def test_unsplit_matches_numpy_and_is_bitwise_stable(rng):
 def test_caller_splits_are_the_partial_sums(rng):
     a, b = _operands(rng)
     num_splits = 3  # 10, 11 and 11 chunks: K blocks of 256 cut short at every split's end
-    d, s = _run(a, b, num_splits=num_splits, deterministic=False)
+    full = {}
+    d, s = _run(a, b, num_splits=num_splits, deterministic=False, padded=full)
+    assert np.isnan(full["d"][..., N:]).all() and np.isnan(full["sqr"][..., M:]).all()
     chunks = K // 64
     ranges = [(i * chunks // num_splits * 64, (i + 1) * chunks // num_splits * 64) for i in range(num_splits)]
     ref_d, ref_s = _reference(a, b, ranges)
