@@ -21,7 +21,7 @@ def _check_unit_last(x: np.ndarray, name: str) -> None:
         raise ValueError(f"{name} must have a unit-stride last dim (K-major / row-major), got strides={x.strides} "
                          f"for shape={x.shape} (itemsize {x.itemsize})")
     for ax in range(x.ndim - 1):
-        inner = x.strides[ax + 1] * x.shape[ax + 1] if ax + 1 < x.ndim else x.itemsize
+        inner = x.strides[ax + 1] * x.shape[ax + 1]  # the bytes one index of this axis must step over
         if x.shape[ax] > 1 and (x.strides[ax] % x.itemsize or x.strides[ax] < inner):
             raise ValueError(f"{name} has overlapping or misaligned rows: strides={x.strides} for shape={x.shape}")
 
