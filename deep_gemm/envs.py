@@ -73,6 +73,11 @@ DG_JIT_KERNEL_OPT = _declare(
     "DG_JIT_KERNEL_OPT", str, "cheap",
     "Module optimization of generated kernels after linking device code: cheap (default, faster compile) or full",
 )
+DG_JIT_NATIVE = _declare(
+    "DG_JIT_NATIVE", bool, True,
+    "Keep native code in the kernel cache (numba's machine code linked with the C compiler into native-*.so) and "
+    "run cached kernels from it without importing numba (0: always the numba path)",
+)
 DG_SYNC_CHECK = _declare(
     "DG_SYNC_CHECK", bool, False,
     "Synchronisation checker: kernels record every SetFlag/WaitFlag/PipeBarrier and cross-core flag and raise "

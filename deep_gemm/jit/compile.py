@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import envs
-from . import cache, numba_cache
+from . import cache, native, numba_cache
 from .errors import CompileError, JITError, RenderError, TranslateError
-from .numba_setup import KERNEL_MODULE_MARK, apply_numba_settings
+from .numba_setup import KERNEL_MODULE_MARK, apply_numba_settings, codegen_settings
 from .render import normalize_constants, render_lines
 from .signature import EntrySignature
 
@@ -154,27 +154,56 @@ class CompiledKernel:
     """
 
     def __init__(self, *, name: str, digest: str, path: Path | None, module, meta: dict, constants: dict, source: str,
-                 timings: dict[str, float]):
+                 timings: dict[str, float], load_module: Callable[[], types.ModuleType] | None = None,
+                 native_kernel: native.NativeKernel | None = None, native_writable: bool = False):
         self.name = name
         self.digest = digest
         self.path = path
-        self.module = module
+        self._module = module
+        self._load_module = load_module
         self.meta = meta
         self.entry = meta["entry"]
         self.constants = constants
         self.source = source
         self.timings = timings
-        self.num_ai_cores = int(module.NUM_AI_CORES)
+        self.num_ai_cores = int(constants["NUM_AI_CORES"] if module is None else module.NUM_AI_CORES)
         self.launcher = launcher_mode()
         # NOTES: a kernel split by SyncAll() has one launch entry per phase (launched in order, so every core ends
         # a phase before any core starts the next); its prange entry runs the phases itself.
         self.phases = tuple(meta.get("phases") or (self.entry,))
-        names = self.phases if self.launcher == "threads" else (f"{self.entry}_prange",)
-        self.phase_fns = [EntryFunction(getattr(module, n), self.launcher) for n in names]
-        self.fn = self.phase_fns[0]
+        self._phase_fns: list[EntryFunction] | None = None
         self.signature = EntrySignature.from_abi(name, meta["params"], entry=self.entry)
         self._bind = self.signature.bind
         self._call = self._first_call
+        # Native code (native.py): the loaded library when the entry has one for this target; ``native_writable``:
+        # this process may build one into the entry after numba compiled (or loaded) the entry function.
+        self.native = native_kernel
+        self._native_writable = native_writable and native_kernel is None
+
+    @property
+    def module(self) -> types.ModuleType:
+        """The kernel's Python module (kernel.py executed; imports numba): loaded on first use when the kernel runs
+        from native code."""
+        if self._module is None:
+            with _lock:
+                if self._module is None:
+                    self._module = self._load_module()
+                    _by_module[self._module.__name__] = self
+                    _install_numba_listener()
+        return self._module
+
+    @property
+    def phase_fns(self) -> list[EntryFunction]:
+        """The numba entry of each phase (or the prange entry), as EntryFunction."""
+        if self._phase_fns is None:
+            module = self.module
+            names = self.phases if self.launcher == "threads" else (f"{self.entry}_prange",)
+            self._phase_fns = [EntryFunction(getattr(module, n), self.launcher) for n in names]
+        return self._phase_fns
+
+    @property
+    def fn(self) -> EntryFunction:
+        return self.phase_fns[0]
 
     def __call__(self, *args, **kwargs):
         """Run the kernel: arguments by name (``gm_a=..., stride_a=...``) or in the entry's order, bound and checked
@@ -189,6 +218,8 @@ class CompiledKernel:
         return self.signature.names
 
     def _make_fast_call(self):
+        if self.native is not None and self.launcher == "threads":
+            return self._make_native_call()
         dispatcher = self.fn.dispatcher
         if self.launcher == "prange":
             return dispatcher
@@ -205,6 +236,48 @@ class CompiledKernel:
 
         return run_phases
 
+    def _make_native_call(self):
+        """The launch through the native library: its phase functions on the core launcher's threads (ctypes
+        releases the GIL). A call the native signature does not cover (a non-contiguous or read-only array: the
+        BAD_ARGUMENT status, returned before anything is written), or a kernel that raised, goes through numba."""
+        from .launch import LAUNCHER
+
+        launch, cores, phases = LAUNCHER.launch, self.num_ai_cores, self.native.phases
+
+        def run_native(*args):
+            try:
+                for phase in phases:
+                    launch(phase, cores, args)
+            except native.NativeStatus as e:
+                _event("native_fallback", kernel=self.name, digest=self.digest, status=e.status)
+                self._numba_call(args)
+
+        if len(phases) == 1:
+            phase = phases[0]
+
+            def run_native_one(*args):
+                try:
+                    launch(phase, cores, args)
+                except native.NativeStatus as e:
+                    _event("native_fallback", kernel=self.name, digest=self.digest, status=e.status)
+                    self._numba_call(args)
+
+            return run_native_one
+        return run_native
+
+    def _numba_call(self, args: tuple) -> None:
+        """One launch through numba (compiling or loading the entry for these argument types first)."""
+        import numba
+
+        self._ensure_compiled(tuple(numba.typeof(a) for a in args), args, build_native=False)
+        from .launch import LAUNCHER
+
+        if self.launcher == "prange":
+            self.fn.dispatcher(*args)
+            return
+        for fn in self.phase_fns:
+            LAUNCHER.launch(fn.dispatcher, self.num_ai_cores, args)
+
     def compile(self, *args, **kwargs) -> None:
         """Compile the kernel for the types of the arguments (bound as by a launch; or load it from numba's cache)
         without running it. Without arguments: for placeholders of the types a launch binds (EntrySignature)."""
@@ -213,9 +286,18 @@ class CompiledKernel:
         if not args and not kwargs:
             kwargs = self.signature.placeholders()
         args = self._bind(args, kwargs)
+        if self.native is not None and self.launcher == "threads" and self._native_covers(args):
+            return  # the native library serves these arguments: nothing to compile
         self._ensure_compiled(tuple(numba.typeof(a) for a in args), args)
 
-    def _ensure_compiled(self, sig: tuple, args: tuple) -> None:
+    def _native_covers(self, args: tuple) -> bool:
+        """True when the native library's signature is the one numba would pick for ``args``."""
+        import numba
+
+        wanted = ["int64", "int64", *(str(numba.typeof(a)) for a in args)]
+        return wanted == list(self.native.record.get("signature", ()))
+
+    def _ensure_compiled(self, sig: tuple, args: tuple, build_native: bool = True) -> None:
         import numba
 
         t0 = time.perf_counter()
@@ -237,6 +319,8 @@ class CompiledKernel:
             _after_interrupt()
             raise seen[0]
         after = self.numba_stats()
+        if build_native:
+            self._build_native(sig)
         if after == before:
             return  # this signature was compiled before
         self.timings["numba"] = time.perf_counter() - t0
@@ -245,6 +329,37 @@ class CompiledKernel:
         if loaded:
             _event("numba_cache_load", kernel=self.name, digest=self.digest)
         _debug(1, f"{self.name}.{self.digest}: {how} in {self.timings['numba']:.3f}s")
+
+    def _build_native(self, sig: tuple) -> None:
+        """After numba compiled (or loaded) the entry for ``sig``: link its machine code into the entry's native
+        library (native.build) when this process may write the entry and none is there yet; later processes then
+        run the kernel without numba. Any reason it cannot be built leaves the kernel on the numba path."""
+        if not self._native_writable or self.launcher != "threads" or self.path is None:
+            return
+        self._native_writable = False  # one attempt per kernel and process
+        t0 = time.perf_counter()
+        if self.meta.get("is_mixed") or envs.DG_SYNC_CHECK.get():
+            why = "mixed and checker kernels keep the numba path"
+        else:
+            from numba import types as nb_types
+
+            full = (nb_types.int64, nb_types.int64, *sig)
+            try:
+                self.native = native.build(self.path, self.path.parent.parent, self.digest,
+                                           [fn.dispatcher for fn in self.phase_fns], full)
+            except native.NativeUnavailable as e:
+                why = str(e)
+            except OSError as e:  # the entry could not be written: the numba path serves this process
+                why = f"{type(e).__name__}: {e}"
+            else:
+                self.timings["native_build"] = time.perf_counter() - t0
+                _event("native_build", kernel=self.name, digest=self.digest, path=str(self.native.path))
+                _debug(1, f"{self.name}.{self.digest}: native library built in {self.timings['native_build']:.3f}s")
+                if self._call is not self._first_call:
+                    self._call = self._make_native_call()
+                return
+        _event("native_unavailable", kernel=self.name, digest=self.digest, why=why)
+        _debug(1, f"{self.name}.{self.digest}: no native library ({why}); numba serves it")
 
     def numba_stats(self) -> dict[str, int]:
         """How numba produced the kernel's machine code: cache_hits (loaded from numba's cache) and cache_misses
@@ -262,13 +377,20 @@ class CompiledKernel:
         return s["cache_misses"] == 0
 
     def _first_call(self, *args):
+        t0 = time.perf_counter()
+        if self.native is not None and self.launcher == "threads":
+            fast = self._make_native_call()
+            result = fast(*args)
+            self.timings["first_call"] = time.perf_counter() - t0
+            self._call = fast
+            return result
         import numba
 
-        t0 = time.perf_counter()
-        fast = self._make_fast_call()
         # NOTES: compile (or load) on this thread first: the launcher's threads would otherwise all enter numba's
-        # compiler at once, and a compile error would surface from a worker.
+        # compiler at once, and a compile error would surface from a worker. The launch then uses the native
+        # library when the compile could build one (the same machine code).
         self._ensure_compiled(tuple(numba.typeof(a) for a in args), args)
+        fast = self._make_fast_call()
         result = fast(*args)
         self.timings["first_call"] = time.perf_counter() - t0
         self._call = fast
@@ -355,7 +477,6 @@ def _first_lines(text: str, n: int) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # build
 
-_CODEGEN_SETTINGS = ("enabled", "SLP_VECTORIZE", "CPU_FEATURES", "KERNEL_OPT")
 _memo: dict[tuple, CompiledKernel] = {}
 _by_digest: dict[str, CompiledKernel] = {}
 _by_module: dict[str, CompiledKernel] = {}
@@ -419,7 +540,7 @@ def _build_locked(name, constants, template, template_dir, device_module, sync_c
         raise
     timings["render"] = time.perf_counter() - t0
     # NOTES: only the settings that change generated code enter the key (not e.g. whether scipy was deferred).
-    settings = {k: v for k, v in apply_numba_settings().items() if k in _CODEGEN_SETTINGS}
+    settings = codegen_settings()
     if sync_check:  # DG_SYNC_CHECK: the checker's kernels are other code (absent from the key otherwise)
         settings["SYNC_CHECK"] = True
     runtime_digest = _sync_runtime_digest(rendered, sync_check)
@@ -448,8 +569,9 @@ def _build_locked(name, constants, template, template_dir, device_module, sync_c
         kernel = _build_new(roots.write if writable else None, name, digest, components, rendered, line_map,
                             constants, template, device_module, timings, sync_check)
     _by_digest[digest] = kernel
-    _by_module[kernel.module.__name__] = kernel
-    _install_numba_listener()
+    if kernel._module is not None:  # a kernel served by native code imports its module (and numba) only if needed
+        _by_module[kernel._module.__name__] = kernel
+        _install_numba_listener()
     return kernel
 
 
@@ -474,20 +596,53 @@ def _load_existing(path: Path, name: str, digest: str, constants: dict, timings:
             numba_cache.report_unwritable(path, err)
             return None, False
         return None, True
+    native_kernel = _load_native(path, name, digest, meta, writable)
+    if native_kernel is not None:
+        timings["import"] = time.perf_counter() - t0
+        _event("disk_hit", kernel=name, digest=digest, path=str(path), native=True)
+        _event("native_load", kernel=name, digest=digest, path=str(native_kernel.path))
+        _debug(1, f"{name}.{digest}: disk hit {path}, native library {native_kernel.path.name} (render "
+                  f"{timings['render'] * 1e3:.1f} ms, load {timings['import'] * 1e3:.1f} ms)")
+        return CompiledKernel(name=name, digest=digest, path=path, module=None, meta=meta, constants=constants,
+                              source="disk", timings=timings, native_kernel=native_kernel,
+                              load_module=lambda: _import_existing(path, name, digest, source, writable)), True
+    module = _import_existing(path, name, digest, source, writable)
+    timings["import"] = time.perf_counter() - t0
+    _event("disk_hit", kernel=name, digest=digest, path=str(path))
+    _debug(1, f"{name}.{digest}: disk hit {path} (render {timings['render'] * 1e3:.1f} ms, "
+              f"import {timings['import'] * 1e3:.1f} ms)")
+    return CompiledKernel(name=name, digest=digest, path=path, module=module, meta=meta, constants=constants,
+                          source="disk", timings=timings, native_writable=writable), True
+
+
+def _load_native(path: Path, name: str, digest: str, meta: dict, writable: bool):
+    """The entry's verified native library for this target, or None (none built: the numba path, which builds it
+    when ``writable``; built for another target: rebuilt; damaged: reported like a damaged entry file, rebuilt)."""
+    if not native.enabled() or launcher_mode() != "threads" or envs.DG_SYNC_CHECK.get() or meta.get("is_mixed"):
+        return None
     try:
-        module = _import_kernel(path, name, digest, source=source, read_only=not writable)
+        return native.load(path, digest)
+    except native.NativeUnavailable as e:
+        kind = e.args[1] if len(e.args) > 1 else "missing"
+        if kind == "damaged":
+            _report_corrupt(path, f"native library: {e.args[0]}",
+                            "it is rebuilt now" if writable else "the kernel runs through numba")
+        elif kind == "stale":
+            _event("native_stale", kernel=name, digest=digest, why=e.args[0])
+            _debug(1, f"{name}.{digest}: native library {e.args[0]}; rebuilt after numba compiles")
+        return None
+
+
+def _import_existing(path: Path, name: str, digest: str, source: bytes, writable: bool):
+    """Import a verified entry's kernel.py; an entry that verifies but does not import is a CompileError."""
+    try:
+        return _import_kernel(path, name, digest, source=source, read_only=not writable)
     except Exception as e:
         raise CompileError(f"the cache entry {path} verifies but its kernel.py does not import "
                            f"({type(e).__name__}: {e}); the entry is kept for inspection.\nreproduce: "
                            f"{cache.python_command()} -m deep_gemm.jit.dump --entry {path} --import\nFix: if the "
                            f"environment changed under a running process, restart it; else rm -rf {path}",
                            kernel=name, key=digest) from e
-    timings["import"] = time.perf_counter() - t0
-    _event("disk_hit", kernel=name, digest=digest, path=str(path))
-    _debug(1, f"{name}.{digest}: disk hit {path} (render {timings['render'] * 1e3:.1f} ms, "
-              f"import {timings['import'] * 1e3:.1f} ms)")
-    return CompiledKernel(name=name, digest=digest, path=path, module=module, meta=meta, constants=constants,
-                          source="disk", timings=timings), True
 
 
 def _report_corrupt(path: Path, problem: str, action: str) -> None:
@@ -575,7 +730,7 @@ def _build_new(root: Path | None, name, digest, components, rendered, line_map, 
     _debug(1, f"{name}.{digest}: miss -> {how} {path} ("
               + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in timings.items()) + ")")
     return CompiledKernel(name=name, digest=digest, path=path, module=module, meta=meta, constants=constants,
-                          source=how, timings=timings)
+                          source=how, timings=timings, native_writable=True)
 
 
 def _build_in_memory(name, digest, meta, source: bytes, constants, timings) -> CompiledKernel:

@@ -10,6 +10,7 @@ does not import scipy (DG_JIT_DEFER_SCIPY, see _defer_scipy_probe).
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 
@@ -21,9 +22,9 @@ _applied: dict[str, object] | None = None
 
 def host_cpu_features() -> str:
     """The host's LLVM feature string, as numba would use it."""
-    import llvmlite.binding as llvm
+    from .native import host_cpu
 
-    return llvm.get_host_cpu_features().flatten()
+    return host_cpu()[1]
 
 
 def apply_numba_settings() -> dict[str, object]:
@@ -40,6 +41,10 @@ def apply_numba_settings() -> dict[str, object]:
         # NOTES: before any deep_gemm function is decorated: their cache=True then uses deep_gemm's verified cache
         # under the kernel cache root (numba_cache.py); independent of DG_JIT_FAST_MATH_SETUP.
         install_verified_cache()
+        if numba_internals_known():
+            from .native import install_object_capture
+
+            install_object_capture()
         deferred = _defer_scipy_probe()
         if not envs.DG_JIT_FAST_MATH_SETUP.get():
             _applied = {"enabled": False}
@@ -57,6 +62,36 @@ def apply_numba_settings() -> dict[str, object]:
         if deferred:
             applied["scipy_probe_deferred"] = True
         return applied
+
+
+CODEGEN_SETTINGS = ("enabled", "SLP_VECTORIZE", "CPU_FEATURES", "KERNEL_OPT")
+
+
+def codegen_settings() -> dict[str, object]:
+    """The settings of apply_numba_settings() that change generated code (part of the JIT cache key), without
+    importing numba when it is not loaded yet: what apply_numba_settings() will apply is predicted from the
+    environment, numba's installed version and the host's CPU features (LLVM's view, through llvmlite).
+
+    NOTES: a cached kernel's key must be computable in a process that never imports numba (its native code runs
+    without it). Once numba is loaded (or the settings applied) the applied values are used; a test checks that
+    the prediction equals them.
+    """
+    if _applied is not None or "numba" in sys.modules:
+        return {k: v for k, v in apply_numba_settings().items() if k in CODEGEN_SETTINGS}
+    if not envs.DG_JIT_FAST_MATH_SETUP.get():
+        return {"enabled": False}
+    out: dict[str, object] = {"enabled": True, "SLP_VECTORIZE": 1}
+    if envs.DG_JIT_KERNEL_OPT.get() == "cheap":
+        from .cache import tool_versions
+
+        known = tool_versions()["numba"].startswith(NUMBA_INTERNALS_VERSION)
+        out["KERNEL_OPT"] = "cheap" if known else "full (numba internals differ)"
+    # numba reads NUMBA_CPU_FEATURES into numba.config.CPU_FEATURES; apply_numba_settings then leaves it alone.
+    if not os.environ.get("NUMBA_CPU_FEATURES"):
+        features = host_cpu_features()
+        if "+avx512f" in features.split(","):
+            out["CPU_FEATURES"] = features + ",-prefer-256-bit"
+    return out
 
 
 KERNEL_MODULE_MARK = "_dg_kernel_"  # generated kernel modules are named _dg_kernel_<name>_<digest>

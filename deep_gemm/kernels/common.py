@@ -133,7 +133,7 @@ def gemm_template_constants(desc: GemmDesc, config: GemmConfig, arch: ArchSpec, 
     """A GEMM family's template constants (KernelFamily.template_constants): decides the resident-A panel and checks
     the config against the chip's buffers first. Raises device.BufferCapacityError for a config the chip could not
     hold (the analogue of the real kernel's static_asserts)."""
-    from ..device.capacity import check_buffer_capacity, keeps_a_resident  # imports numba
+    from ..heuristics.capacity import check_buffer_capacity, keeps_a_resident
 
     resident_a = keeps_a_resident(desc, config, arch, k_is_compiled="k" in compiled_dims)
     check_buffer_capacity(desc, config, arch, resident_a=resident_a)

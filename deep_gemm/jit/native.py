@@ -1,0 +1,484 @@
+"""Native code in the kernel cache: a kernel's numba machine code linked into a shared library that a later process
+loads with ctypes and calls without importing numba (numba builds, the cache serves).
+
+build() runs in the process that compiled (or loaded from numba's cache) a kernel's entry: it takes the object code
+numba generated for the entry's signature, writes a small C file (a per-phase trampoline that reads the numpy
+arrays' data/shape/strides and calls numba's native entry with its flattened arguments, plus the few runtime
+functions the code references: NRT allocation), links both with the C compiler into ``native-<sha>.so`` beside
+kernel.py, and records it in ``native.json`` (sha256 of the library, the target it was built for: CPU name and
+features as LLVM sees them, numba/llvmlite/numpy/Python/deep_gemm versions; its own checksum). load() verifies
+native.json, the target and the library's bytes, and dlopens exactly the verified bytes (a memfd copy). Knows
+nothing of GEMM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from .. import envs
+
+NATIVE_JSON = "native.json"
+FORMAT = 1
+OK_STATUSES = (0, -2)  # numba's RETCODE_OK and RETCODE_NONE (a function returning None)
+BAD_ARGUMENT = -1000  # the trampoline's status for an array numba's compiled signature does not cover
+
+# NOTES: numba's generated object code references these only from the CPython wrapper numba adds beside each
+# function (boxing, unboxing, raising into Python), which a native call never runs; they are defined as stubs that
+# abort with a message. Any other undefined numba or NRT symbol means the kernel code itself needs numba's runtime:
+# the native build is refused and the kernel keeps the numba path.
+_WRAPPER_ONLY = frozenset({
+    "numba_do_raise", "numba_gil_ensure", "numba_gil_release", "numba_unpickle",
+    "numba_runtime_build_excinfo_struct", "NRT_adapt_ndarray_from_python", "NRT_adapt_ndarray_to_python_acqref",
+    "NRT_adapt_buffer_from_python", "numba_adapt_ndarray", "numba_get_buffer", "numba_release_buffer",
+    "numba_extract_record_data", "numba_recreate_record", "numba_unpack_slice", "numba_fatal_error",
+    "numba_pickle", "numba_adapt_buffer", "NRT_get_api",
+})
+# What _RUNTIME_C defines.
+_RUNTIME_SYMBOLS = frozenset({
+    "NRT_Allocate", "NRT_Free", "NRT_Reallocate", "NRT_MemInfo_new", "NRT_MemInfo_alloc", "NRT_MemInfo_alloc_safe",
+    "NRT_MemInfo_alloc_aligned", "NRT_MemInfo_alloc_safe_aligned", "NRT_MemInfo_call_dtor",
+})
+
+# The runtime the kernels' code calls: NRT's memory functions (numba's MemInfo layout, which the code reads
+# inline: refct, dtor, dtor_info, data, size, external allocator). Our own minimal implementation; allocation
+# failure returns NULL, which numba's code turns into a MemoryError status.
+_RUNTIME_C = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef void (*dg_dtor)(void *data, size_t size, void *info);
+typedef struct {
+    size_t refct;
+    dg_dtor dtor;
+    void *dtor_info;
+    void *data;
+    size_t size;
+    void *external_allocator;
+} dg_meminfo;
+
+void *NRT_Allocate(size_t size) { return malloc(size); }
+void NRT_Free(void *ptr) { free(ptr); }
+void *NRT_Reallocate(void *ptr, size_t size) { return realloc(ptr, size); }
+
+static dg_meminfo *dg_alloc(size_t size, unsigned align) {
+    size_t pad = align > 1 ? align : 1;
+    char *base = (char *)malloc(sizeof(dg_meminfo) + size + pad);
+    if (base == NULL) return NULL;
+    dg_meminfo *mi = (dg_meminfo *)base;
+    uintptr_t data = (uintptr_t)(base + sizeof(dg_meminfo));
+    if (align > 1 && data % align) data += align - data % align;
+    mi->refct = 1;
+    mi->dtor = NULL;
+    mi->dtor_info = NULL;
+    mi->data = (void *)data;
+    mi->size = size;
+    mi->external_allocator = NULL;
+    return mi;
+}
+
+dg_meminfo *NRT_MemInfo_alloc(size_t size) { return dg_alloc(size, 1); }
+dg_meminfo *NRT_MemInfo_alloc_safe(size_t size) { return dg_alloc(size, 1); }
+dg_meminfo *NRT_MemInfo_alloc_aligned(size_t size, unsigned align) { return dg_alloc(size, align); }
+dg_meminfo *NRT_MemInfo_alloc_safe_aligned(size_t size, unsigned align) { return dg_alloc(size, align); }
+
+dg_meminfo *NRT_MemInfo_new(void *data, size_t size, dg_dtor dtor, void *info) {
+    dg_meminfo *mi = (dg_meminfo *)malloc(sizeof(dg_meminfo));
+    if (mi == NULL) return NULL;
+    mi->refct = 1;
+    mi->dtor = dtor;
+    mi->dtor_info = info;
+    mi->data = data;
+    mi->size = size;
+    mi->external_allocator = NULL;
+    return mi;
+}
+
+void NRT_MemInfo_call_dtor(dg_meminfo *mi) {
+    if (mi->dtor != NULL) mi->dtor(mi->data, mi->size, mi->dtor_info);
+    free(mi);
+}
+
+static void dg_wrapper_only(const char *name) {
+    fprintf(stderr, "deep_gemm native kernel: %s called outside numba (a CPython wrapper ran); aborting\n", name);
+    abort();
+}
+
+/* numpy's array object, as far as the trampolines read it (the stable leading fields of PyArrayObject_fields). */
+typedef struct {
+    intptr_t ob_refcnt;
+    void *ob_type;
+    char *data;
+    int nd;
+    int64_t *dimensions;
+    int64_t *strides;
+    void *base;
+    void *descr;
+    int flags;
+} dg_array;
+
+/* For the loader's self-test: what the trampolines read from an array. */
+int64_t dg_probe_array(dg_array *a, int64_t *out) {
+    out[0] = (int64_t)(uintptr_t)a->data;
+    out[1] = a->nd;
+    out[2] = a->nd > 0 ? a->dimensions[0] : -1;
+    out[3] = a->nd > 0 ? a->strides[0] : -1;
+    out[4] = a->flags;
+    return 0;
+}
+"""
+
+_NPY_C_CONTIGUOUS, _NPY_ALIGNED, _NPY_WRITEABLE = 0x0001, 0x0100, 0x0400
+
+
+class NativeUnavailable(Exception):
+    """Why a kernel has no native code (the numba path is used); the text is for DG_JIT_DEBUG."""
+
+
+class NativeStatus(Exception):
+    """A native call returned a status other than success: BAD_ARGUMENT (an array numba's compiled signature does
+    not cover: the call goes through numba) or the kernel raised (numba runs it again to raise the real error)."""
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
+def enabled() -> bool:
+    """DG_JIT_NATIVE and a platform where build() can work (Linux, ELF shared libraries, 64-bit)."""
+    return bool(envs.DG_JIT_NATIVE.get()) and sys.platform.startswith("linux") and sys.maxsize > 2**32
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Target: what the native code was built for
+
+
+@functools.lru_cache(maxsize=1)
+def host_cpu() -> tuple[str, str]:
+    """(CPU name, CPU feature string) as LLVM sees this host (llvmlite's binding; numba is not imported)."""
+    import llvmlite.binding as llvm
+
+    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+
+def current_target() -> dict[str, str]:
+    """The target record a native library of this process must match: machine, CPU name and features (LLVM's
+    view), Python, numba, llvmlite, numpy and deep_gemm versions."""
+    from .. import __version__
+    from .cache import tool_versions
+
+    versions = tool_versions()
+    name, features = host_cpu()
+    return {"machine": platform.machine(), "cpu_name": name, "cpu_features": features,
+            "python": versions["python"], "numba": versions["numba"], "llvmlite": versions["llvmlite"],
+            "numpy": versions["numpy"], "deep_gemm": __version__, "format": str(FORMAT)}
+
+
+def _checksum(record: dict) -> str:
+    body = {k: v for k, v in record.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+class NativeKernel:
+    """A kernel's native library, loaded: ``phases`` are ctypes functions ``fn(first_core, core_step, *args)``
+    (the numba entry's signature; arrays passed as numpy arrays), raising NativeStatus on a failed status."""
+
+    def __init__(self, handle: ctypes.CDLL, record: dict, path: Path):
+        self.handle = handle
+        self.record = record
+        self.path = path
+        self.phases = []
+        for phase in record["phases"]:
+            fn = getattr(handle, phase["symbol"])
+            fn.argtypes = [_CTYPES[kind] for kind in phase["args"]]
+            fn.restype = ctypes.c_int32
+            fn.errcheck = _errcheck
+            self.phases.append(fn)
+
+    def __repr__(self) -> str:
+        return f"NativeKernel({self.path})"
+
+
+_CTYPES = {"array": ctypes.py_object, "int64": ctypes.c_int64, "float64": ctypes.c_double, "bool": ctypes.c_int8}
+
+
+def _errcheck(result, func, args):
+    if result == 0 or result == -2:
+        return result
+    raise NativeStatus(result)
+
+
+def read_record(entry: Path) -> dict:
+    """native.json of an entry, verified against its own checksum. Raises NativeUnavailable (missing, damaged)."""
+    try:
+        raw = (entry / NATIVE_JSON).read_bytes()
+    except FileNotFoundError:
+        raise NativeUnavailable("no native library in the entry") from None
+    except OSError as e:
+        raise NativeUnavailable(f"{NATIVE_JSON} is unreadable ({type(e).__name__}: {e})") from e
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except ValueError as e:
+        raise NativeUnavailable(f"{NATIVE_JSON} is unreadable ({type(e).__name__}: {e})", "damaged") from e
+    if not isinstance(record, dict) or record.get("checksum") != _checksum(record):
+        raise NativeUnavailable(f"{NATIVE_JSON} does not match its own checksum", "damaged")
+    return record
+
+
+def load(entry: Path, digest: str) -> NativeKernel:
+    """The verified native library of the entry at ``entry`` (cache key ``digest``). Raises NativeUnavailable
+    saying why not: none built, built for another target (args[1] == "stale"), damaged (args[1] == "damaged")."""
+    record = read_record(entry)
+    if record.get("digest") != digest or record.get("format") != FORMAT:
+        raise NativeUnavailable(f"{NATIVE_JSON} describes another entry or format", "damaged")
+    target = current_target()
+    built_for = record.get("target") or {}
+    if built_for != target:
+        diff = sorted(k for k in set(target) | set(built_for) if target.get(k) != built_for.get(k))
+        raise NativeUnavailable(f"built for another target (differs in {', '.join(diff)})", "stale")
+    name = record.get("library", "")
+    if not isinstance(name, str) or "/" in name or not name.endswith(".so"):
+        raise NativeUnavailable(f"{NATIVE_JSON} names no library", "damaged")
+    try:
+        data = (entry / name).read_bytes()
+    except OSError as e:
+        raise NativeUnavailable(f"{name} is unreadable ({type(e).__name__}: {e})", "damaged") from e
+    if hashlib.sha256(data).hexdigest() != record.get("sha256"):
+        raise NativeUnavailable(f"{name} does not match the sha256 recorded in {NATIVE_JSON}", "damaged")
+    handle = _dlopen_bytes(data, entry / name)
+    _self_test(handle)
+    try:
+        return NativeKernel(handle, record, entry / name)
+    except (AttributeError, KeyError, TypeError) as e:
+        raise NativeUnavailable(f"{name} does not provide what {NATIVE_JSON} lists ({e})", "damaged") from e
+
+
+def _dlopen_bytes(data: bytes, path: Path) -> ctypes.CDLL:
+    """dlopen exactly ``data`` (a memfd copy, so the file cannot change between its check and its use); the path
+    itself where memfd is missing."""
+    # NOTES: the loader reads the file once more by name when there is no memfd; the library's name carries its
+    # sha256, so only a deliberate rewrite in place could differ, and such a writer could replace kernel.py too.
+    memfd = getattr(os, "memfd_create", None)
+    if memfd is None:
+        try:
+            return ctypes.CDLL(str(path))
+        except OSError as e:
+            raise NativeUnavailable(f"{path.name} does not load ({e})", "damaged") from e
+    fd = memfd(f"deep_gemm-{path.parent.name}", 0)
+    try:
+        os.write(fd, data)
+        try:
+            return ctypes.CDLL(f"/proc/self/fd/{fd}")
+        except OSError as e:
+            raise NativeUnavailable(f"{path.name} does not load ({e})", "damaged") from e
+    finally:
+        os.close(fd)
+
+
+_self_test_ok: bool | None = None
+
+
+def _self_test(handle: ctypes.CDLL) -> None:
+    """Once per process: the trampolines read numpy arrays' fields where this numpy keeps them."""
+    global _self_test_ok
+    if _self_test_ok is None:
+        import numpy as np
+
+        probe = handle.dg_probe_array
+        probe.argtypes = [ctypes.py_object, ctypes.POINTER(ctypes.c_int64)]
+        probe.restype = ctypes.c_int64
+        a = np.arange(7, dtype=np.int16)[1:]
+        out = (ctypes.c_int64 * 5)()
+        probe(a, out)
+        flags = _NPY_C_CONTIGUOUS | _NPY_ALIGNED | _NPY_WRITEABLE
+        _self_test_ok = (out[0] == a.ctypes.data and out[1] == 1 and out[2] == 6 and out[3] == 2
+                         and out[4] & flags == flags)
+    if not _self_test_ok:
+        raise NativeUnavailable("this numpy's array layout is not the one the trampolines read")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Building
+
+
+def compiler() -> str | None:
+    """The C compiler build() links with: $CC, else cc, else gcc; None when there is none."""
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _c_type(llvm_type) -> str:
+    text = str(llvm_type)
+    if text.endswith("*") or text == "ptr":
+        return "void *"
+    return {"i64": "int64_t", "i32": "int32_t", "i16": "int16_t", "i8": "int8_t", "i1": "int8_t",
+            "double": "double", "float": "float"}.get(text) or _refuse(f"argument type {text}")
+
+
+def _refuse(why: str):
+    raise NativeUnavailable(why)
+
+
+def _trampoline(index: int, symbol: str, sig_args, context) -> tuple[str, list[str]]:
+    """C source of ``dg_phase_<index>(args)`` calling numba's native ``symbol``, and the argument kinds."""
+    from numba.core import types
+
+    params, call, checks, kinds, externs = [], [], [], [], []
+    for i, ty in enumerate(sig_args):
+        flat = context.get_arg_packer([ty]).argument_types
+        if isinstance(ty, types.Array):
+            if len(flat) != 5 + 2 * ty.ndim or ty.ndim < 1:
+                _refuse(f"array argument {ty} has an unexpected native layout")
+            need = (_NPY_C_CONTIGUOUS if ty.layout == "C" else 0) | (_NPY_ALIGNED if ty.aligned else 0) | \
+                (_NPY_WRITEABLE if ty.mutable else 0)
+            if ty.layout not in ("C", "A"):
+                _refuse(f"array argument {ty} is not C-contiguous or any-layout")
+            params.append(f"dg_array *a{i}")
+            checks.append(f"    if (a{i}->nd != {ty.ndim} || (a{i}->flags & {need}) != {need}) return {BAD_ARGUMENT};")
+            nitems = " * ".join(f"a{i}->dimensions[{d}]" for d in range(ty.ndim))
+            call += ["(void *)0", "(void *)0", f"(int64_t)({nitems})", f"(int64_t){ty.dtype.bitwidth // 8}",
+                     f"(void *)a{i}->data"]
+            call += [f"a{i}->dimensions[{d}]" for d in range(ty.ndim)]
+            call += [f"a{i}->strides[{d}]" for d in range(ty.ndim)]
+            externs += [_c_type(t) for t in flat]
+            kinds.append("array")
+        elif isinstance(ty, types.Integer) and ty.bitwidth == 64 and ty.signed:
+            params.append(f"int64_t a{i}")
+            call.append(f"a{i}")
+            externs += [_c_type(t) for t in flat]
+            kinds.append("int64")
+        elif ty == types.float64:
+            params.append(f"double a{i}")
+            call.append(f"a{i}")
+            externs += [_c_type(t) for t in flat]
+            kinds.append("float64")
+        elif isinstance(ty, types.Boolean):
+            params.append(f"int8_t a{i}")
+            call.append(f"(int8_t)(a{i} != 0)")
+            externs += [_c_type(t) for t in flat]
+            kinds.append("bool")
+        else:
+            _refuse(f"argument type {ty} has no native binding")
+    decl = f"extern int32_t {symbol}(void *, void *{''.join(', ' + t for t in externs)});"
+    body = "\n".join(checks)
+    source = (f"{decl}\nint32_t dg_phase_{index}({', '.join(params)}) {{\n{body}\n"
+              f"    void *ret[8] = {{0}};\n    void *exc = 0;\n"
+              f"    return {symbol}(ret, &exc{''.join(', ' + c for c in call)});\n}}\n")
+    return source, kinds
+
+
+def _undefined(objects: list[Path]) -> set[str]:
+    nm = shutil.which("nm")
+    if nm is None:
+        _refuse("no nm to list the object code's undefined symbols")
+    out = subprocess.run([nm, "-u", *map(str, objects)], capture_output=True, text=True, check=True).stdout
+    return {line.split()[-1] for line in out.splitlines() if line.strip() and not line.endswith(":")}
+
+
+_build_lock = threading.Lock()
+
+
+def build(entry: Path, root: Path, digest: str, dispatchers: list, sig: tuple) -> NativeKernel:
+    """Link the native library of the entry at ``entry`` from numba's object code of each phase dispatcher for
+    the (full) signature ``sig``, publish it in the entry (native-<sha>.so, then native.json, atomically) and
+    load it. Raises NativeUnavailable when it cannot be built (no C compiler, code needing numba's runtime, ...)
+    and OSError when the entry cannot be written."""
+    cc = compiler()
+    if cc is None:
+        _refuse("no C compiler (set CC, or install cc/gcc)")
+    sources, objects, phases = [_RUNTIME_C], [], []
+    with _build_lock, tempfile.TemporaryDirectory(prefix=f"{os.getpid()}-native-", dir=root / "tmp") as tmp:
+        tmp = Path(tmp)
+        for i, disp in enumerate(dispatchers):
+            cres = disp.overloads.get(sig)
+            if cres is None:
+                _refuse(f"no compiled overload for {sig}")
+            lib = cres.library
+            obj = getattr(lib, "_compiled_object", None) or getattr(lib, "_dg_object", None)
+            if not obj:
+                _refuse("numba kept no object code of the entry")
+            (tmp / f"phase{i}.o").write_bytes(obj)
+            objects.append(tmp / f"phase{i}.o")
+            source, kinds = _trampoline(i, cres.fndesc.mangled_name, cres.signature.args, cres.target_context)
+            sources.append(source)
+            phases.append({"symbol": f"dg_phase_{i}", "args": kinds})
+        undefined = _undefined(objects)
+        unknown = sorted(s for s in undefined if (s.startswith(("numba_", "NRT_", "_ZN")) and
+                                                  s not in _WRAPPER_ONLY and s not in _RUNTIME_SYMBOLS))
+        if unknown:
+            _refuse(f"the code needs numba's runtime: {', '.join(unknown[:5])}")
+        stubs = "".join(f"void {s}(void) {{ dg_wrapper_only(\"{s}\"); }}\n" for s in sorted(undefined & _WRAPPER_ONLY))
+        (tmp / "native.c").write_text("\n".join(sources) + stubs)
+        out = tmp / "native.so"
+        cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(tmp / "native.c"), *map(str, objects), "-lm",
+               "-Wl,-z,notext", "-Wl,-z,noexecstack"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            _refuse(f"the C compiler failed: {proc.stderr.strip()[-400:]}")
+        data = out.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        name = f"native-{sha[:16]}.so"
+        record = {"format": FORMAT, "digest": digest, "library": name, "sha256": sha, "phases": phases,
+                  "target": current_target(), "signature": [str(t) for t in sig]}
+        record["checksum"] = _checksum(record)
+        # Publish: the library under its content name first, then the record that names it (atomic replace).
+        from .numba_cache import locked, write_atomic
+
+        with locked(entry):
+            try:
+                old = read_record(entry).get("library")
+            except NativeUnavailable:
+                old = None
+            os.replace(out, entry / name)
+            write_atomic(entry / NATIVE_JSON, json.dumps(record, indent=1, sort_keys=True).encode())
+            if old and old != name:
+                with contextlib.suppress(OSError):
+                    (entry / old).unlink()
+    handle = _dlopen_bytes(data, entry / name)
+    _self_test(handle)
+    return NativeKernel(handle, record, entry / name)
+
+
+def install_object_capture() -> bool:
+    """Keep the object code numba hands to LLVM when it loads a library from its cache (numba drops it), so a
+    kernel loaded from numba's cache can still be linked natively. Idempotent; needs numba's known internals."""
+    from numba.core import codegen
+
+    cls = codegen.CPUCodeLibrary
+    if getattr(cls, "_dg_object_capture", False):
+        return True
+    original = getattr(cls, "_object_getbuffer_hook", None)
+    if original is None:
+        return False
+    func = original.__func__
+
+    def _object_getbuffer_hook(klass, ll_module):
+        buf = func(klass, ll_module)
+        if buf:
+            library = getattr(ll_module, "_CPUCodeLibrary__library", None)
+            if library is not None:
+                library._dg_object = buf
+        return buf
+
+    cls._object_getbuffer_hook = classmethod(_object_getbuffer_hook)
+    cls._dg_object_capture = True
+    return True
