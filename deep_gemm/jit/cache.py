@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -21,7 +22,6 @@ import tempfile
 import time
 import uuid
 import warnings
-from importlib import metadata
 from pathlib import Path
 
 from .. import envs
@@ -156,11 +156,32 @@ def tool_versions() -> dict[str, str]:
     """Versions of everything that changes the generated machine code."""
     out = {"python": platform.python_version()}
     for dist in ("numba", "llvmlite", "numpy", "tree-sitter-cpp"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "missing"
+        out[dist] = dist_version(dist)
     return out
+
+
+@functools.cache
+def dist_version(dist: str) -> str:
+    """Installed version of distribution ``dist`` ("missing" when absent), read from the ``<dist>-<version>
+    .dist-info`` directory beside its top-level package when there is exactly one, else through importlib.metadata.
+
+    NOTES: importlib.metadata costs ~40 ms to import and query on a loaded machine, a tenth of a warm start-up."""
+    module = dist.replace("-", "_")
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin:
+        site = Path(spec.origin).parent.parent
+        found = [p.name for p in site.glob(f"{module}-*.dist-info")] if site.is_dir() else []
+        if len(found) == 1:
+            return found[0][len(module) + 1: -len(".dist-info")]
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "missing"
 
 
 def cache_key(name: str, rendered: str, device_module: str, numba_settings: dict) -> tuple[str, dict]:

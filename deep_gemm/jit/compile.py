@@ -26,9 +26,9 @@ from pathlib import Path
 
 from .. import envs
 from . import cache, native, numba_cache
+from .constants import normalize_constants
 from .errors import CompileError, JITError, RenderError, TranslateError
 from .numba_setup import KERNEL_MODULE_MARK, apply_numba_settings, codegen_settings
-from .render import normalize_constants, render_lines
 from .signature import EntrySignature
 
 DEFAULT_DEVICE_MODULE = "deep_gemm.device"
@@ -530,22 +530,81 @@ def _sync_runtime_digest(rendered: str, sync_check: bool) -> str | None:
     return h.hexdigest()
 
 
+def _settings(sync_check: bool, runtime_digest: str | None) -> dict:
+    # NOTES: only the settings that change generated code enter the key (not e.g. whether scipy was deferred).
+    settings = codegen_settings()
+    if sync_check:  # DG_SYNC_CHECK: the checker's kernels are other code (absent from the key otherwise)
+        settings["SYNC_CHECK"] = True
+    if runtime_digest:
+        settings["SYNC_RUNTIME"] = runtime_digest
+    return settings
+
+
+def _from_index(name, constants, template, template_dir, device_module, sync_check, timings):
+    """The kernel found through the key index (keyindex.py: no rendering), or None."""
+    from . import keyindex
+    from .constants import resolve_template
+
+    t0 = time.perf_counter()
+    try:
+        directory = resolve_template(template, template_dir)[0]
+    except RenderError:
+        return None
+    build_args = json.dumps([name, template, str(directory), device_module, sorted(constants.items()), sync_check])
+    roots = cache.cache_roots()
+    for root in roots.search:
+        base = _settings(sync_check, None)
+        found = keyindex.lookup(root, name, build_args, directory, device_module, base)
+        if found is None:  # a mixed kernel's key also covers the cross-core runtime
+            found = keyindex.lookup(root, name, build_args, directory, device_module,
+                                    _settings(sync_check, _sync_runtime_digest("", True)))
+        if found is None:
+            continue
+        digest = found[0]
+        if digest in _by_digest:
+            return _by_digest[digest]
+        path = cache.entry_path(root, name, digest)
+        if not os.path.isdir(path):
+            continue
+        timings["render"] = 0.0
+        timings["index"] = time.perf_counter() - t0
+        kernel, _ = _load_existing(path, name, digest, constants, timings, writable=root == roots.write)
+        if kernel is not None:
+            _by_digest[digest] = kernel
+            return kernel
+    return None
+
+
+def _index_build(name, constants, template, template_dir, device_module, sync_check, digest, components) -> None:
+    from . import keyindex
+    from .constants import resolve_template
+
+    root = cache.cache_roots().write
+    if root is None:
+        return
+    directory = resolve_template(template, template_dir)[0]
+    build_args = json.dumps([name, template, str(directory), device_module, sorted(constants.items()), sync_check])
+    keyindex.store(root, name, build_args, directory, device_module, digest, components)
+
+
 def _build_locked(name, constants, template, template_dir, device_module, sync_check=False) -> CompiledKernel:
     timings: dict[str, float] = {}
+    kernel = _from_index(name, constants, template, template_dir, device_module, sync_check, timings)
+    if kernel is not None:
+        if kernel._module is not None:
+            _by_module[kernel._module.__name__] = kernel
+            _install_numba_listener()
+        return kernel
     t0 = time.perf_counter()
+    from .render import render_lines  # jinja2: only when a kernel is rendered
+
     try:
         rendered, line_map = render_lines(template, constants, template_dir)
     except RenderError as e:
         e.with_context(kernel=name)
         raise
     timings["render"] = time.perf_counter() - t0
-    # NOTES: only the settings that change generated code enter the key (not e.g. whether scipy was deferred).
-    settings = codegen_settings()
-    if sync_check:  # DG_SYNC_CHECK: the checker's kernels are other code (absent from the key otherwise)
-        settings["SYNC_CHECK"] = True
-    runtime_digest = _sync_runtime_digest(rendered, sync_check)
-    if runtime_digest:
-        settings["SYNC_RUNTIME"] = runtime_digest
+    settings = _settings(sync_check, _sync_runtime_digest(rendered, sync_check))
     t1 = time.perf_counter()
     digest, components = cache.cache_key(name, rendered, device_module, settings)
     timings["key"] = time.perf_counter() - t1
@@ -569,6 +628,8 @@ def _build_locked(name, constants, template, template_dir, device_module, sync_c
         kernel = _build_new(roots.write if writable else None, name, digest, components, rendered, line_map,
                             constants, template, device_module, timings, sync_check)
     _by_digest[digest] = kernel
+    if kernel.path is not None:
+        _index_build(name, constants, template, template_dir, device_module, sync_check, digest, components)
     if kernel._module is not None:  # a kernel served by native code imports its module (and numba) only if needed
         _by_module[kernel._module.__name__] = kernel
         _install_numba_listener()

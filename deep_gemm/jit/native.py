@@ -168,10 +168,55 @@ def enabled() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def host_cpu() -> tuple[str, str]:
-    """(CPU name, CPU feature string) as LLVM sees this host (llvmlite's binding; numba is not imported)."""
+    """(CPU name, CPU feature string) as LLVM sees this host. Asked of LLVM (llvmlite, ~40 ms to load) once per
+    machine: the answer is kept under the cache root, filed by a fingerprint of what the kernel reports about the
+    CPU (/proc/cpuinfo's vendor, family, model, stepping, flags) and llvmlite's version."""
+    fingerprint = _cpu_fingerprint()
+    path = None
+    if fingerprint is not None:
+        from .cache import cache_roots
+
+        root = cache_roots().write
+        path = None if root is None else root / "index" / f"host-{fingerprint[:32]}.json"
+    if path is not None:
+        try:
+            record = json.loads(path.read_bytes())
+            if record.get("checksum") == _checksum(record) and record.get("fingerprint") == fingerprint:
+                return record["cpu_name"], record["cpu_features"]
+        except (OSError, ValueError, KeyError, AttributeError):
+            pass
     import llvmlite.binding as llvm
 
-    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    name, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    if path is not None:
+        record = {"fingerprint": fingerprint, "cpu_name": name, "cpu_features": features}
+        record["checksum"] = _checksum(record)
+        with contextlib.suppress(OSError):
+            from .numba_cache import write_atomic
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps(record, sort_keys=True).encode())
+    return name, features
+
+
+_CPUINFO_KEYS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags", "CPU implementer",
+                 "CPU architecture", "CPU variant", "CPU part", "Features")
+
+
+def _cpu_fingerprint() -> str | None:
+    """sha256 of the first CPU's identifying /proc/cpuinfo lines, llvmlite's version and the machine; None when
+    /proc/cpuinfo cannot be read (LLVM is then asked every time)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return None
+    first = text.split("\n\n", 1)[0]
+    lines = sorted(line.strip() for line in first.splitlines() if line.split(":", 1)[0].strip() in _CPUINFO_KEYS)
+    if not lines:
+        return None
+    from .cache import tool_versions
+
+    return hashlib.sha256("\n".join([platform.machine(), tool_versions()["llvmlite"], *lines]).encode()).hexdigest()
 
 
 def current_target() -> dict[str, str]:

@@ -7,21 +7,17 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 import os
 import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import jinja2
 import jinja2.ext
 from jinja2.lexer import Token
 
+from .constants import TEMPLATE_SUFFIX, default_template_dir, normalize_constants, resolve_template  # noqa: F401
 from .errors import RenderError
-
-TEMPLATE_SUFFIX = ".asc.j2"
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Line marks: every line of template text carries an invisible mark naming its template file and line, removed
 # after rendering (see _LineMarks). A mark is \x1f, decimal digits spelled U+2000..U+2009, U+200A, the digits of
@@ -30,15 +26,6 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MARK = re.compile("\x1f([\u2000-\u2009]+)\u200a([\u2000-\u2009]+)\x1f")
 _TO_MARK_DIGITS = str.maketrans("0123456789", "".join(chr(0x2000 + i) for i in range(10)))
 _FROM_MARK_DIGITS = str.maketrans("".join(chr(0x2000 + i) for i in range(10)), "0123456789")
-
-
-def default_template_dir() -> Path:
-    """``templates/`` of a source checkout if there is one, else the packaged ``deep_gemm/templates``."""
-    package_dir = Path(__file__).resolve().parent.parent
-    checkout = package_dir.parent / "templates"
-    if checkout.is_dir() and (package_dir.parent / "pyproject.toml").is_file():
-        return checkout
-    return package_dir / "templates"
 
 
 def _finalize(value: object) -> object:
@@ -167,51 +154,6 @@ def _strip_marks(marked: str, files: list[str]) -> tuple[str, list[tuple[str, in
         lines.append(_MARK.sub("", raw))
         where.append(previous)
     return "\n".join(lines), where[:len(lines)]
-
-
-def resolve_template(name: str, template_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
-    """Find a template: an existing file path, or a name (``"fp8_gemm"``, ``"examples/vadd"``) under the
-    templates directory. Returns (directory, file name relative to it)."""
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"template name must be a non-empty str, got {name!r}")
-    as_path = Path(name)
-    if as_path.suffix == ".j2" and as_path.is_file():
-        return as_path.resolve().parent, as_path.name
-    directory = Path(template_dir) if template_dir is not None else default_template_dir()
-    file_name = name if name.endswith(TEMPLATE_SUFFIX) else name + TEMPLATE_SUFFIX
-    if not (directory / file_name).is_file():
-        available = sorted(str(p.relative_to(directory)) for p in directory.rglob("*" + TEMPLATE_SUFFIX))
-        raise RenderError(f"template {file_name!r} not found in {directory} (available: {available})")
-    return directory.resolve(), file_name
-
-
-def normalize_constants(constants: dict) -> dict[str, object]:
-    """Check and normalise template constants: str keys that are identifiers; values None, bool, int, float, str,
-    or lists/tuples of those (numpy scalars become Python scalars). Raises TypeError naming the bad entry."""
-    if not isinstance(constants, dict):
-        raise TypeError(f"constants must be a dict, got {type(constants).__name__}")
-    out: dict[str, object] = {}
-    for key, value in constants.items():
-        if not isinstance(key, str) or not _IDENT.fullmatch(key):
-            raise TypeError(f"template constant names must be identifiers, got {key!r}")
-        out[key] = _normalize_value(key, value)
-    return out
-
-
-def _normalize_value(key: str, value: object) -> object:
-    if value is None or isinstance(value, (bool, str)):
-        return value  # NOTES: None is accepted here and refused only if the template renders it
-    if hasattr(value, "dtype") and getattr(value, "shape", None) == ():  # numpy scalar
-        value = value.item()
-        if isinstance(value, bool):
-            return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, (list, tuple)):
-        return tuple(_normalize_value(key, v) for v in value)
-    raise TypeError(f"template constant {key}={value!r} has unsupported type {type(value).__name__}")
 
 
 def render(name: str, constants: dict, template_dir: str | os.PathLike | None = None) -> str:
