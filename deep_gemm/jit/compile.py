@@ -8,6 +8,7 @@ add_listener()). Knows nothing of GEMM.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import hashlib
@@ -332,32 +333,53 @@ class CompiledKernel:
 
     def _build_native(self, sig: tuple) -> None:
         """After numba compiled (or loaded) the entry for ``sig``: link its machine code into the entry's native
-        library (native.build) when this process may write the entry and none is there yet; later processes then
-        run the kernel without numba. Any reason it cannot be built leaves the kernel on the numba path."""
+        library when this process may write the entry and none is there yet; later processes then run the kernel
+        without numba. Any reason it cannot be built leaves the kernel on the numba path.
+
+        NOTES: what the library links is taken from numba here; the C compiler then runs on a background thread
+        (a specialization's compile does not wait for it; this process switches to the library once it is
+        loaded, the same machine code) and the process waits for it at exit (wait_native_builds)."""
         if not self._native_writable or self.launcher != "threads" or self.path is None:
             return
         self._native_writable = False  # one attempt per kernel and process
-        t0 = time.perf_counter()
         if self.meta.get("is_mixed") or envs.DG_SYNC_CHECK.get():
-            why = "mixed and checker kernels keep the numba path"
-        else:
-            from numba import types as nb_types
+            self._native_unavailable("mixed and checker kernels keep the numba path")
+            return
+        from numba import types as nb_types
 
-            full = (nb_types.int64, nb_types.int64, *sig)
-            try:
-                self.native = native.build(self.path, self.path.parent.parent, self.digest,
-                                           [fn.dispatcher for fn in self.phase_fns], full)
-            except native.NativeUnavailable as e:
-                why = str(e)
-            except OSError as e:  # the entry could not be written: the numba path serves this process
-                why = f"{type(e).__name__}: {e}"
-            else:
-                self.timings["native_build"] = time.perf_counter() - t0
-                _event("native_build", kernel=self.name, digest=self.digest, path=str(self.native.path))
-                _debug(1, f"{self.name}.{self.digest}: native library built in {self.timings['native_build']:.3f}s")
-                if self._call is not self._first_call:
-                    self._call = self._make_native_call()
-                return
+        try:
+            job = native.prepare_build(self.path, self.path.parent.parent, self.digest,
+                                       [fn.dispatcher for fn in self.phase_fns], (nb_types.int64, nb_types.int64, *sig))
+        except native.NativeUnavailable as e:
+            self._native_unavailable(str(e))
+            return
+        thread = threading.Thread(target=self._run_native_build, args=(job,), daemon=True,
+                                  name=f"deep_gemm-native-{self.name}")
+        with _native_lock:
+            _native_builds.append(thread)
+        thread.start()
+
+    def _run_native_build(self, job) -> None:
+        t0 = time.perf_counter()
+        try:
+            built = job.run()
+        except native.NativeUnavailable as e:
+            self._native_unavailable(str(e))
+            return
+        except OSError as e:  # the entry could not be written: the numba path serves this process
+            self._native_unavailable(f"{type(e).__name__}: {e}")
+            return
+        except Exception as e:  # noqa: BLE001 - never fail a kernel because its native copy failed
+            self._native_unavailable(f"{type(e).__name__}: {e}")
+            return
+        self.timings["native_build"] = time.perf_counter() - t0
+        self.native = built
+        _event("native_build", kernel=self.name, digest=self.digest, path=str(built.path))
+        _debug(1, f"{self.name}.{self.digest}: native library built in {self.timings['native_build']:.3f}s")
+        if self._call is not self._first_call:
+            self._call = self._make_native_call()
+
+    def _native_unavailable(self, why: str) -> None:
         _event("native_unavailable", kernel=self.name, digest=self.digest, why=why)
         _debug(1, f"{self.name}.{self.digest}: no native library ({why}); numba serves it")
 
@@ -411,6 +433,24 @@ class CompiledKernel:
 
     def __repr__(self) -> str:
         return f"CompiledKernel({self.name}.{self.digest}, entry={self.entry}, source={self.source}, path={self.path})"
+
+
+_native_builds: list[threading.Thread] = []
+_native_lock = threading.Lock()
+
+
+def wait_native_builds(timeout: float | None = None) -> None:
+    """Wait until the native libraries this process started building are published (or failed); tools and tests
+    call it, and it runs at exit (so a short process still leaves its kernels' native code in the cache)."""
+    with _native_lock:
+        threads = list(_native_builds)
+    for thread in threads:
+        thread.join(timeout)
+    with _native_lock:
+        _native_builds[:] = [t for t in _native_builds if t.is_alive()]
+
+
+atexit.register(wait_native_builds, 120.0)
 
 
 @contextlib.contextmanager
@@ -865,4 +905,4 @@ def clear_memory_cache() -> None:
         _by_digest.clear()
 
 
-__all__ = ["build", "CompiledKernel", "stats", "add_listener", "clear_memory_cache", "JITError"]
+__all__ = ["build", "CompiledKernel", "stats", "add_listener", "clear_memory_cache", "wait_native_builds", "JITError"]

@@ -45,17 +45,24 @@ def num_threads() -> int:
 class _Job:
     """One launch: parts 0..parts-1, part i running ``fn(i, parts, *args)``, claimed by whichever thread is free."""
 
-    __slots__ = ("fn", "args", "parts", "error", "done", "_next", "_pending", "_lock")
+    __slots__ = ("fn", "args", "parts", "error", "_done", "_next", "_pending", "_lock")
 
     def __init__(self, fn, args: tuple, parts: int):
         self.fn = fn
         self.args = args
         self.parts = parts
         self.error: BaseException | None = None
-        self.done = threading.Event()
+        # NOTES: a lock held until the last part ends (cheaper to make than an Event: dispatch is microseconds).
+        self._done = threading.Lock()
+        self._done.acquire()
         self._next = 0
         self._pending = parts
         self._lock = threading.Lock()
+
+    def wait(self) -> None:
+        """Return once every part has finished."""
+        self._done.acquire()
+        self._done.release()
 
     def claim(self) -> int:
         """The next unclaimed part, or -1 when every part is taken."""
@@ -77,7 +84,7 @@ class _Job:
                 self._pending -= 1
                 last = self._pending == 0
             if last:
-                self.done.set()
+                self._done.release()
 
     def run_all(self) -> None:
         """Run parts on this thread until none is left unclaimed."""
@@ -173,7 +180,7 @@ class CoreLauncher:
             finally:
                 # NOTES: whatever happened above, no part of this job may still run once launch returns.
                 job.run_all()
-                job.done.wait()
+                job.wait()
                 job.args = ()  # stale queue entries must not keep the caller's arrays alive
         if job.error is not None:
             raise job.error

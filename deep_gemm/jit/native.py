@@ -68,13 +68,33 @@ typedef struct {
     void *data;
     size_t size;
     void *external_allocator;
+    /* ours, after numba's fields: how the block was allocated, for the per-thread reuse below */
+    unsigned dg_align;
+    int dg_owned;
 } dg_meminfo;
 
 void *NRT_Allocate(size_t size) { return malloc(size); }
 void NRT_Free(void *ptr) { free(ptr); }
 void *NRT_Reallocate(void *ptr, size_t size) { return realloc(ptr, size); }
 
+/* A kernel allocates the same per-core buffers (np.empty) for every logical core it runs and frees them at the
+   core's end: each thread keeps a few freed blocks and hands them out again for the same size and alignment. */
+#define DG_REUSE_SLOTS 32
+#define DG_REUSE_BYTES ((size_t)64 << 20)
+static __thread dg_meminfo *dg_reuse[DG_REUSE_SLOTS];
+static __thread int dg_reuse_count;
+static __thread size_t dg_reuse_bytes;
+
 static dg_meminfo *dg_alloc(size_t size, unsigned align) {
+    for (int i = dg_reuse_count - 1; i >= 0; i--) {
+        dg_meminfo *mi = dg_reuse[i];
+        if (mi->size == size && mi->dg_align == align) {
+            dg_reuse[i] = dg_reuse[--dg_reuse_count];
+            dg_reuse_bytes -= size;
+            mi->refct = 1;
+            return mi;
+        }
+    }
     size_t pad = align > 1 ? align : 1;
     char *base = (char *)malloc(sizeof(dg_meminfo) + size + pad);
     if (base == NULL) return NULL;
@@ -87,6 +107,8 @@ static dg_meminfo *dg_alloc(size_t size, unsigned align) {
     mi->data = (void *)data;
     mi->size = size;
     mi->external_allocator = NULL;
+    mi->dg_align = align;
+    mi->dg_owned = 1;
     return mi;
 }
 
@@ -104,11 +126,19 @@ dg_meminfo *NRT_MemInfo_new(void *data, size_t size, dg_dtor dtor, void *info) {
     mi->data = data;
     mi->size = size;
     mi->external_allocator = NULL;
+    mi->dg_align = 0;
+    mi->dg_owned = 0;
     return mi;
 }
 
 void NRT_MemInfo_call_dtor(dg_meminfo *mi) {
     if (mi->dtor != NULL) mi->dtor(mi->data, mi->size, mi->dtor_info);
+    if (mi->dg_owned && mi->dtor == NULL && dg_reuse_count < DG_REUSE_SLOTS &&
+        dg_reuse_bytes + mi->size <= DG_REUSE_BYTES) {
+        dg_reuse[dg_reuse_count++] = mi;
+        dg_reuse_bytes += mi->size;
+        return;
+    }
     free(mi);
 }
 
@@ -221,7 +251,7 @@ def _cpu_fingerprint() -> str | None:
 
 def current_target() -> dict[str, str]:
     """The target record a native library of this process must match: machine, CPU name and features (LLVM's
-    view), Python, numba, llvmlite, numpy and deep_gemm versions."""
+    view), Python, numba, llvmlite, numpy and deep_gemm versions, and the runtime C source linked into it."""
     from .. import __version__
     from .cache import tool_versions
 
@@ -229,7 +259,8 @@ def current_target() -> dict[str, str]:
     name, features = host_cpu()
     return {"machine": platform.machine(), "cpu_name": name, "cpu_features": features,
             "python": versions["python"], "numba": versions["numba"], "llvmlite": versions["llvmlite"],
-            "numpy": versions["numpy"], "deep_gemm": __version__, "format": str(FORMAT)}
+            "numpy": versions["numpy"], "deep_gemm": __version__, "format": str(FORMAT),
+            "runtime": hashlib.sha256(_RUNTIME_C.encode()).hexdigest()[:16]}
 
 
 def _checksum(record: dict) -> str:
@@ -326,15 +357,23 @@ def _dlopen_bytes(data: bytes, path: Path) -> ctypes.CDLL:
             return ctypes.CDLL(str(path))
         except OSError as e:
             raise NativeUnavailable(f"{path.name} does not load ({e})", "damaged") from e
-    fd = memfd(f"deep_gemm-{path.parent.name}", 0)
+    # NOTES: the memfd stays open for the life of the process: the dynamic loader knows a library by the name it
+    # was opened under, and a closed descriptor's number (so /proc/self/fd/<n>) is reused by the next one, which
+    # would hand back the first library loaded under that name instead of the new one.
+    fd = memfd(f"deep_gemm-{path.parent.name}", getattr(os, "MFD_CLOEXEC", 0))
     try:
-        os.write(fd, data)
-        try:
-            return ctypes.CDLL(f"/proc/self/fd/{fd}")
-        except OSError as e:
-            raise NativeUnavailable(f"{path.name} does not load ({e})", "damaged") from e
-    finally:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        handle = ctypes.CDLL(f"/proc/self/fd/{fd}")
+    except OSError as e:
         os.close(fd)
+        raise NativeUnavailable(f"{path.name} does not load ({e})", "damaged") from e
+    _open_libraries.append(fd)
+    return handle
+
+
+_open_libraries: list[int] = []  # memfds of the loaded libraries (kept open, see _dlopen_bytes)
 
 
 _self_test_ok: bool | None = None
@@ -442,65 +481,84 @@ def _undefined(objects: list[Path]) -> set[str]:
 _build_lock = threading.Lock()
 
 
-def build(entry: Path, root: Path, digest: str, dispatchers: list, sig: tuple) -> NativeKernel:
-    """Link the native library of the entry at ``entry`` from numba's object code of each phase dispatcher for
-    the (full) signature ``sig``, publish it in the entry (native-<sha>.so, then native.json, atomically) and
-    load it. Raises NativeUnavailable when it cannot be built (no C compiler, code needing numba's runtime, ...)
-    and OSError when the entry cannot be written."""
-    cc = compiler()
-    if cc is None:
-        _refuse("no C compiler (set CC, or install cc/gcc)")
-    sources, objects, phases = [_RUNTIME_C], [], []
-    with _build_lock, tempfile.TemporaryDirectory(prefix=f"{os.getpid()}-native-", dir=root / "tmp") as tmp:
-        tmp = Path(tmp)
-        for i, disp in enumerate(dispatchers):
-            cres = disp.overloads.get(sig)
-            if cres is None:
-                _refuse(f"no compiled overload for {sig}")
-            lib = cres.library
-            obj = getattr(lib, "_compiled_object", None) or getattr(lib, "_dg_object", None)
-            if not obj:
-                _refuse("numba kept no object code of the entry")
-            (tmp / f"phase{i}.o").write_bytes(obj)
-            objects.append(tmp / f"phase{i}.o")
-            source, kinds = _trampoline(i, cres.fndesc.mangled_name, cres.signature.args, cres.target_context)
-            sources.append(source)
-            phases.append({"symbol": f"dg_phase_{i}", "args": kinds})
-        undefined = _undefined(objects)
-        unknown = sorted(s for s in undefined if (s.startswith(("numba_", "NRT_", "_ZN")) and
-                                                  s not in _WRAPPER_ONLY and s not in _RUNTIME_SYMBOLS))
-        if unknown:
-            _refuse(f"the code needs numba's runtime: {', '.join(unknown[:5])}")
-        stubs = "".join(f"void {s}(void) {{ dg_wrapper_only(\"{s}\"); }}\n" for s in sorted(undefined & _WRAPPER_ONLY))
-        (tmp / "native.c").write_text("\n".join(sources) + stubs)
-        out = tmp / "native.so"
-        cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(tmp / "native.c"), *map(str, objects), "-lm",
-               "-Wl,-z,notext", "-Wl,-z,noexecstack"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            _refuse(f"the C compiler failed: {proc.stderr.strip()[-400:]}")
-        data = out.read_bytes()
-        sha = hashlib.sha256(data).hexdigest()
-        name = f"native-{sha[:16]}.so"
-        record = {"format": FORMAT, "digest": digest, "library": name, "sha256": sha, "phases": phases,
-                  "target": current_target(), "signature": [str(t) for t in sig]}
-        record["checksum"] = _checksum(record)
-        # Publish: the library under its content name first, then the record that names it (atomic replace).
-        from .numba_cache import locked, write_atomic
+class NativeBuild:
+    """What build() links, gathered from numba on the compiling thread (object code of each phase, trampolines);
+    ``run()`` then needs no numba and may run on another thread (the C compiler runs outside the GIL)."""
 
-        with locked(entry):
-            try:
-                old = read_record(entry).get("library")
-            except NativeUnavailable:
-                old = None
-            os.replace(out, entry / name)
-            write_atomic(entry / NATIVE_JSON, json.dumps(record, indent=1, sort_keys=True).encode())
-            if old and old != name:
-                with contextlib.suppress(OSError):
-                    (entry / old).unlink()
-    handle = _dlopen_bytes(data, entry / name)
-    _self_test(handle)
-    return NativeKernel(handle, record, entry / name)
+    def __init__(self, entry: Path, root: Path, digest: str, objects: list[bytes], sources: list[str],
+                 phases: list[dict], signature: list[str]):
+        self.entry, self.root, self.digest = entry, root, digest
+        self.objects, self.sources, self.phases, self.signature = objects, sources, phases, signature
+
+    def run(self) -> NativeKernel:
+        """Link, publish (native-<sha>.so, then native.json, atomically, under the entry's lock) and load.
+        Raises NativeUnavailable (the C compiler failed, code needing numba's runtime) or OSError (unwritable)."""
+        cc = compiler()
+        if cc is None:
+            _refuse("no C compiler (set CC, or install cc/gcc)")
+        entry = self.entry
+        with _build_lock, tempfile.TemporaryDirectory(prefix=f"{os.getpid()}-native-", dir=self.root / "tmp") as tmp:
+            tmp = Path(tmp)
+            objects = []
+            for i, obj in enumerate(self.objects):
+                (tmp / f"phase{i}.o").write_bytes(obj)
+                objects.append(tmp / f"phase{i}.o")
+            undefined = _undefined(objects)
+            unknown = sorted(s for s in undefined if (s.startswith(("numba_", "NRT_", "_ZN")) and
+                                                      s not in _WRAPPER_ONLY and s not in _RUNTIME_SYMBOLS))
+            if unknown:
+                _refuse(f"the code needs numba's runtime: {', '.join(unknown[:5])}")
+            stubs = "".join(f"void {s}(void) {{ dg_wrapper_only(\"{s}\"); }}\n"
+                            for s in sorted(undefined & _WRAPPER_ONLY))
+            (tmp / "native.c").write_text("\n".join([_RUNTIME_C, *self.sources]) + stubs)
+            out = tmp / "native.so"
+            cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(tmp / "native.c"), *map(str, objects), "-lm",
+                   "-Wl,-z,notext", "-Wl,-z,noexecstack"]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                _refuse(f"the C compiler failed: {proc.stderr.strip()[-400:]}")
+            data = out.read_bytes()
+            sha = hashlib.sha256(data).hexdigest()
+            name = f"native-{sha[:16]}.so"
+            record = {"format": FORMAT, "digest": self.digest, "library": name, "sha256": sha,
+                      "phases": self.phases, "target": current_target(), "signature": self.signature}
+            record["checksum"] = _checksum(record)
+            from .numba_cache import locked, write_atomic
+
+            with locked(entry):
+                try:
+                    old = read_record(entry).get("library")
+                except NativeUnavailable:
+                    old = None
+                os.replace(out, entry / name)
+                write_atomic(entry / NATIVE_JSON, json.dumps(record, indent=1, sort_keys=True).encode())
+                if old and old != name:
+                    with contextlib.suppress(OSError):
+                        (entry / old).unlink()
+        handle = _dlopen_bytes(data, entry / name)
+        _self_test(handle)
+        return NativeKernel(handle, record, entry / name)
+
+
+def prepare_build(entry: Path, root: Path, digest: str, dispatchers: list, sig: tuple) -> NativeBuild:
+    """Gather from numba what the native library of the entry at ``entry`` links: each phase dispatcher's object
+    code for the (full) signature ``sig`` and its trampoline. Raises NativeUnavailable when it cannot be built."""
+    if compiler() is None:
+        _refuse("no C compiler (set CC, or install cc/gcc)")
+    objects, sources, phases = [], [], []
+    for i, disp in enumerate(dispatchers):
+        cres = disp.overloads.get(sig)
+        if cres is None:
+            _refuse(f"no compiled overload for {sig}")
+        lib = cres.library
+        obj = getattr(lib, "_compiled_object", None) or getattr(lib, "_dg_object", None)
+        if not obj:
+            _refuse("numba kept no object code of the entry")
+        objects.append(bytes(obj))
+        source, kinds = _trampoline(i, cres.fndesc.mangled_name, cres.signature.args, cres.target_context)
+        sources.append(source)
+        phases.append({"symbol": f"dg_phase_{i}", "args": kinds})
+    return NativeBuild(entry, root, digest, objects, sources, phases, [str(t) for t in sig])
 
 
 def install_object_capture() -> bool:

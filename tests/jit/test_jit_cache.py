@@ -57,7 +57,9 @@ def test_ten_calls_one_compile(fresh_root, rng):
 def test_second_process_loads_from_disk_without_compiling(fresh_root, rng):
     first = run_child(VADD_CHILD, fresh_root)
     assert first["ok"] and first["stats"].get("build") == 1 and first["stats"].get("numba_compile") == 1
-    second = run_child(VADD_CHILD, fresh_root)
+    # NOTES: without native code (DG_JIT_NATIVE=0) a later process loads numba's cache of the entry function;
+    # test_jit_native.py covers the native library that serves it by default.
+    second = run_child(VADD_CHILD, fresh_root, extra_env={"DG_JIT_NATIVE": "0"})
     assert second["ok"] and second["source"] == "disk" and second["path"] == first["path"]
     assert second["stats"].get("disk_hit") == 1 and "build" not in second["stats"]
     assert "numba_compile" not in second["stats"] and "numba_compile_helper" not in second["stats"]
@@ -217,12 +219,13 @@ def test_garbage_numba_index_is_detected_and_rebuilt(fresh_root):
     for index in indexes:
         index.write_bytes(b"not a pickle at all")
     assert "does not match" in numba_cache.directory_problem(entry / "__pycache__")
-    second = run_child(VADD_CHILD, fresh_root)
+    numba_path = {"DG_JIT_NATIVE": "0"}  # numba's files are read only without native code
+    second = run_child(VADD_CHILD, fresh_root, extra_env=numba_path)
     assert second["ok"] and second["source"] == "disk", second
     assert second["stats"].get("corrupt", 0) >= 1 and second["stats"].get("numba_compile") == 1, second
     assert "numba cache" in second["stderr"] and str(entry) in second["stderr"], second
     assert numba_cache.directory_problem(entry / "__pycache__") is None
-    third = run_child(VADD_CHILD, fresh_root)
+    third = run_child(VADD_CHILD, fresh_root, extra_env=numba_path)
     assert "numba_compile" not in third["stats"] and "corrupt" not in third["stats"], third
 
 

@@ -1,0 +1,160 @@
+"""Native code in the kernel cache (jit/native.py): a fresh process runs a cached kernel without importing numba (or
+jinja2), the library is checked like every other cache file, an entry built for another CPU is rebuilt (never run),
+and the native path gives the numba path's results bit for bit, falling back to numba for arguments it does not
+cover."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from jit_helpers import EXAMPLE_DEVICE, VADD_CHILD, VADD_CONSTS, run_child, stats_delta, vadd_reference
+
+from deep_gemm.jit import build, native, stats
+from deep_gemm.jit.compile import wait_native_builds
+
+pytestmark = pytest.mark.skipif(not native.enabled() or native.compiler() is None,
+                                reason="native kernels need Linux and a C compiler")
+
+# A child that runs the cached vadd and reports whether numba / jinja2 were imported.
+NATIVE_CHILD = f"""
+import json, sys
+import numpy as np
+from deep_gemm.jit import build, stats
+from deep_gemm.jit.compile import wait_native_builds
+k = build("vadd", {VADD_CONSTS!r}, template="examples/vadd", device_module={EXAMPLE_DEVICE!r})
+x = np.arange(50, dtype=np.float32); y = np.ones(50, np.float32); z = np.zeros(50, np.float32)
+k(np.zeros(1, np.uint8), x, y, z, 50)
+wait_native_builds()
+print(json.dumps({{"stats": stats(), "numba": "numba" in sys.modules, "jinja2": "jinja2" in sys.modules,
+                  "native": k.native is not None,
+                  "ok": bool(np.array_equal(z, (x + y) * np.float32({VADD_CONSTS['SCALE']!r})))}}))
+"""
+
+
+def _entry(root):
+    (entry,) = (root / "cache").iterdir()
+    return entry
+
+
+def test_fresh_process_runs_a_cached_kernel_without_numba(fresh_root):
+    first = run_child(VADD_CHILD, fresh_root)
+    assert first["ok"], first
+    entry = _entry(fresh_root)  # the native library is built in the background and published before exit
+    record = json.loads((entry / native.NATIVE_JSON).read_text())
+    assert (entry / record["library"]).is_file() and record["target"] == native.current_target()
+    second = run_child(NATIVE_CHILD, fresh_root)
+    assert second["ok"] and second["native"], second
+    assert second["numba"] is False and second["jinja2"] is False, second
+    assert second["stats"] == {"disk_hit": 1, "native_load": 1}, second
+
+
+def test_fresh_process_runs_a_cached_fp8_gemm_without_numba(tmp_path):
+    code = """
+        import json, sys
+        import numpy as np, ml_dtypes
+        import deep_gemm
+        from deep_gemm.jit import stats
+        rng = np.random.default_rng(0)
+        m, n, k = 40, 64, 256
+        a = rng.integers(0, 256, size=(m, k), dtype=np.uint8); a[(a & 0x7F) == 0x7F] = 0
+        b = rng.integers(0, 256, size=(n, k), dtype=np.uint8); b[(b & 0x7F) == 0x7F] = 0
+        sfa = np.ones((m, k // 32), np.float32); sfb = np.full((n, k // 32), 0.5, np.float32)
+        d = np.empty((m, n), ml_dtypes.bfloat16)
+        deep_gemm.fp8_gemm_nt((a.view(ml_dtypes.float8_e4m3fn), sfa), (b.view(ml_dtypes.float8_e4m3fn), sfb), d)
+        from deep_gemm.jit.compile import wait_native_builds
+        wait_native_builds()
+        print(json.dumps({"stats": stats(), "numba": "numba" in sys.modules, "d": d.view(np.uint16).tolist()}))
+    """
+    first = run_child(code, tmp_path)
+    assert first["stats"].get("native_build") == 1, first
+    second = run_child(code, tmp_path)
+    assert second["numba"] is False and second["stats"].get("native_load") == 1, second
+    assert second["d"] == first["d"]  # the native library gives numba's results bit for bit
+
+
+def _forge_target(entry, **changes):
+    record = json.loads((entry / native.NATIVE_JSON).read_text())
+    record["target"].update(changes)
+    record["checksum"] = native._checksum(record)  # a consistent record, built for another CPU
+    (entry / native.NATIVE_JSON).write_text(json.dumps(record))
+    return record
+
+
+def test_entry_built_for_other_cpu_features_is_rebuilt_not_run(fresh_root):
+    assert run_child(VADD_CHILD, fresh_root)["ok"]
+    entry = _entry(fresh_root)
+    forged = _forge_target(entry, cpu_features="+sse2,-avx,-avx2,+forged-feature")
+    out = run_child(NATIVE_CHILD, fresh_root)
+    assert out["ok"] and "native_load" not in out["stats"], out  # the forged library was never loaded
+    assert out["stats"].get("native_stale") == 1 and out["stats"].get("native_build") == 1, out
+    assert out["numba"] is True  # numba built it again
+    record = json.loads((entry / native.NATIVE_JSON).read_text())
+    assert record["target"] == native.current_target() and record["target"] != forged["target"]
+    again = run_child(NATIVE_CHILD, fresh_root)
+    assert again["ok"] and again["numba"] is False and again["stats"].get("native_load") == 1, again
+
+
+@pytest.mark.parametrize("damage", ["library", "record"])
+def test_damaged_native_files_are_reported_and_rebuilt(fresh_root, damage):
+    assert run_child(VADD_CHILD, fresh_root)["ok"]
+    entry = _entry(fresh_root)
+    record = json.loads((entry / native.NATIVE_JSON).read_text())
+    if damage == "library":
+        lib = entry / record["library"]
+        data = bytearray(lib.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        lib.write_bytes(bytes(data))
+    else:
+        (entry / native.NATIVE_JSON).write_text(json.dumps(record)[:-40])
+    out = run_child(NATIVE_CHILD, fresh_root)
+    assert out["ok"] and "native_load" not in out["stats"], out
+    assert out["stats"].get("corrupt") == 1 and out["stats"].get("native_build") == 1, out
+    warnings = [line for line in out["stderr"].splitlines() if "RuntimeWarning" in line]
+    assert len(warnings) == 1 and "native library" in warnings[0], out["stderr"]
+    again = run_child(NATIVE_CHILD, fresh_root)
+    assert again["ok"] and again["stats"].get("native_load") == 1 and "corrupt" not in again["stats"], again
+
+
+def test_native_and_numba_paths_agree_bitwise_and_uncovered_arguments_fall_back(fresh_root, rng):
+    kernel = build("vadd", VADD_CONSTS, template="examples/vadd", device_module=EXAMPLE_DEVICE)
+    x, y = rng.standard_normal(300).astype(np.float32), rng.standard_normal(300).astype(np.float32)
+    z = np.zeros(300, np.float32)
+    kernel(np.zeros(1, np.uint8), x, y, z, 300)  # compiles, then builds the native library
+    wait_native_builds()
+    assert kernel.native is not None
+    z_native = np.zeros(300, np.float32)
+    before = stats()
+    kernel(np.zeros(1, np.uint8), x, y, z_native, 300)
+    assert "native_fallback" not in stats_delta(before)
+    z_numba = np.zeros(300, np.float32)
+    kernel._numba_call(kernel._bind((np.zeros(1, np.uint8), x, y, z_numba, 300), {}))
+    assert z_native.tobytes() == z_numba.tobytes() == z.tobytes()
+    np.testing.assert_array_equal(z_native, vadd_reference(x, y, VADD_CONSTS["SCALE"]))
+    # a strided view is not what the native signature was compiled for: numba runs it (and compiles that layout)
+    wide = np.repeat(x, 2)
+    out = np.zeros(300, np.float32)
+    before = stats()
+    kernel(np.zeros(1, np.uint8), wide[::2], y, out, 300)
+    assert stats_delta(before).get("native_fallback") == 1
+    np.testing.assert_array_equal(out, vadd_reference(x, y, VADD_CONSTS["SCALE"]))
+
+
+def test_codegen_settings_predicted_without_numba_equal_the_applied_ones(tmp_path):
+    code = """
+        import json, sys
+        from deep_gemm.jit.numba_setup import apply_numba_settings, codegen_settings, CODEGEN_SETTINGS
+        predicted = codegen_settings()
+        assert "numba" not in sys.modules
+        applied = {k: v for k, v in apply_numba_settings().items() if k in CODEGEN_SETTINGS}
+        print(json.dumps({"predicted": predicted, "applied": applied}))
+    """
+    out = run_child(code, tmp_path)
+    assert out["predicted"] == out["applied"], out
+
+
+def test_no_c_compiler_keeps_the_numba_path(fresh_root):
+    out = run_child(VADD_CHILD, fresh_root, extra_env={"CC": "/nonexistent/cc", "PATH": "/nonexistent"})
+    assert out["ok"] and "native_build" not in out["stats"] and out["stats"].get("native_unavailable") == 1, out
+    assert not (_entry(fresh_root) / native.NATIVE_JSON).exists()
