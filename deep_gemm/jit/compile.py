@@ -355,8 +355,14 @@ class CompiledKernel:
             return
         thread = threading.Thread(target=self._run_native_build, args=(job,), daemon=True,
                                   name=f"deep_gemm-native-{self.name}")
+        global _atexit_registered
         with _native_lock:
             _native_builds.append(thread)
+            if not _atexit_registered:
+                # NOTES: registered at the first build, so it runs before the exit handlers registered earlier
+                # (numba's among them; atexit is last in, first out).
+                atexit.register(wait_native_builds, 120.0)
+                _atexit_registered = True
         thread.start()
 
     def _run_native_build(self, job) -> None:
@@ -450,7 +456,7 @@ def wait_native_builds(timeout: float | None = None) -> None:
         _native_builds[:] = [t for t in _native_builds if t.is_alive()]
 
 
-atexit.register(wait_native_builds, 120.0)
+_atexit_registered = False
 
 
 @contextlib.contextmanager

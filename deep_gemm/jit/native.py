@@ -496,45 +496,53 @@ class NativeBuild:
         cc = compiler()
         if cc is None:
             _refuse("no C compiler (set CC, or install cc/gcc)")
-        entry = self.entry
-        with _build_lock, tempfile.TemporaryDirectory(prefix=f"{os.getpid()}-native-", dir=self.root / "tmp") as tmp:
-            tmp = Path(tmp)
-            objects = []
-            for i, obj in enumerate(self.objects):
-                (tmp / f"phase{i}.o").write_bytes(obj)
-                objects.append(tmp / f"phase{i}.o")
-            undefined = _undefined(objects)
-            unknown = sorted(s for s in undefined if (s.startswith(("numba_", "NRT_", "_ZN")) and
-                                                      s not in _WRAPPER_ONLY and s not in _RUNTIME_SYMBOLS))
-            if unknown:
-                _refuse(f"the code needs numba's runtime: {', '.join(unknown[:5])}")
-            stubs = "".join(f"void {s}(void) {{ dg_wrapper_only(\"{s}\"); }}\n"
-                            for s in sorted(undefined & _WRAPPER_ONLY))
-            (tmp / "native.c").write_text("\n".join([_RUNTIME_C, *self.sources]) + stubs)
-            out = tmp / "native.so"
-            cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(tmp / "native.c"), *map(str, objects), "-lm",
-                   "-Wl,-z,notext", "-Wl,-z,noexecstack"]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                _refuse(f"the C compiler failed: {proc.stderr.strip()[-400:]}")
-            data = out.read_bytes()
-            sha = hashlib.sha256(data).hexdigest()
-            name = f"native-{sha[:16]}.so"
-            record = {"format": FORMAT, "digest": self.digest, "library": name, "sha256": sha,
-                      "phases": self.phases, "target": current_target(), "signature": self.signature}
-            record["checksum"] = _checksum(record)
-            from .numba_cache import locked, write_atomic
+        # NOTES: mkdtemp + rmtree, not TemporaryDirectory: its finalizer runs at interpreter exit before the atexit
+        # wait for background builds (atexit is last in, first out), and would remove the files mid-build.
+        with _build_lock:
+            tmp = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-native-", dir=self.root / "tmp"))
+            try:
+                return self._link(tmp, cc)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
 
-            with locked(entry):
-                try:
-                    old = read_record(entry).get("library")
-                except NativeUnavailable:
-                    old = None
-                os.replace(out, entry / name)
-                write_atomic(entry / NATIVE_JSON, json.dumps(record, indent=1, sort_keys=True).encode())
-                if old and old != name:
-                    with contextlib.suppress(OSError):
-                        (entry / old).unlink()
+    def _link(self, tmp: Path, cc: str) -> NativeKernel:
+        entry = self.entry
+        objects = []
+        for i, obj in enumerate(self.objects):
+            (tmp / f"phase{i}.o").write_bytes(obj)
+            objects.append(tmp / f"phase{i}.o")
+        undefined = _undefined(objects)
+        unknown = sorted(s for s in undefined if (s.startswith(("numba_", "NRT_", "_ZN")) and
+                                                  s not in _WRAPPER_ONLY and s not in _RUNTIME_SYMBOLS))
+        if unknown:
+            _refuse(f"the code needs numba's runtime: {', '.join(unknown[:5])}")
+        stubs = "".join(f"void {s}(void) {{ dg_wrapper_only(\"{s}\"); }}\n"
+                        for s in sorted(undefined & _WRAPPER_ONLY))
+        (tmp / "native.c").write_text("\n".join([_RUNTIME_C, *self.sources]) + stubs)
+        out = tmp / "native.so"
+        cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(tmp / "native.c"), *map(str, objects), "-lm",
+               "-Wl,-z,notext", "-Wl,-z,noexecstack"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            _refuse(f"the C compiler failed: {proc.stderr.strip()[-400:]}")
+        data = out.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        name = f"native-{sha[:16]}.so"
+        record = {"format": FORMAT, "digest": self.digest, "library": name, "sha256": sha,
+                  "phases": self.phases, "target": current_target(), "signature": self.signature}
+        record["checksum"] = _checksum(record)
+        from .numba_cache import locked, write_atomic
+
+        with locked(entry):
+            try:
+                old = read_record(entry).get("library")
+            except NativeUnavailable:
+                old = None
+            os.replace(out, entry / name)
+            write_atomic(entry / NATIVE_JSON, json.dumps(record, indent=1, sort_keys=True).encode())
+            if old and old != name:
+                with contextlib.suppress(OSError):
+                    (entry / old).unlink()
         handle = _dlopen_bytes(data, entry / name)
         _self_test(handle)
         return NativeKernel(handle, record, entry / name)
