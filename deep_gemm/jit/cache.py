@@ -386,15 +386,15 @@ def list_entries(root: Path | None = None) -> list[Path]:
 
 def clear(root: Path | None = None, name: str | None = None, dry_run: bool = False) -> list[Path]:
     """Remove whatever sits in the cache: entries and anything else at an entry path (all, or those of kernel
-    ``name``), and, when ``name`` is None, leftover tmp/ builds, moved-aside entries and numba's files of the
-    device modules (numba/). Returns what was (or, with dry_run, would be) removed. Processes holding a kernel keep
-    running; they rebuild on their next miss."""
+    ``name``), and, when ``name`` is None, leftover tmp/ builds, moved-aside entries, numba's files of the
+    device modules (numba/) and the key index (index/). Returns what was (or, with dry_run, would be) removed.
+    Processes holding a kernel keep running; they rebuild on their next miss."""
     root = root if root is not None else cache_root()
     cache_dir = root / "cache"
     targets = sorted(p for p in cache_dir.iterdir() if name is None or p.name.rsplit(".", 1)[0] == name) \
         if cache_dir.is_dir() else []
     if name is None:
-        for sub in ("tmp", SHARED_NUMBA_DIR):
+        for sub in ("tmp", SHARED_NUMBA_DIR, "index"):
             if (root / sub).is_dir():
                 targets += sorted((root / sub).iterdir())
     if not dry_run:
