@@ -1,7 +1,9 @@
 """build(): template + constants -> a loaded, numba-compiled kernel, through the in-process and on-disk caches.
 
-render (render.py) -> key (cache.py) -> memory hit | verified disk hit | translate (translate/) + publish ->
-execute the verified kernel.py -> numba compiles (or loads its verified cache, numba_cache.py) at the first call.
+key index (keyindex.py) or render (render.py) -> key (cache.py) -> memory hit | verified disk hit | translate
+(translate/) + publish. A disk hit whose entry holds native code for this target (native.py) runs it without
+importing numba; otherwise execute the verified kernel.py -> numba compiles (or loads its verified cache,
+numba_cache.py) at the first call, and the entry's native library is then built for later processes.
 A cache that cannot be written falls back to a kernel built in memory. Compile events are observable (stats(),
 add_listener()). Knows nothing of GEMM.
 """
@@ -151,7 +153,8 @@ class CompiledKernel:
     ``constants`` (template constants), ``meta`` (meta.json), ``source`` ("built", "disk", "memory"), ``timings``
     (seconds per phase; ``numba``: compile or cache load, ``first_call``: that plus the first run), ``fn``
     (EntryFunction: the numba
-    dispatcher with the kernel's signature), ``launcher`` ("threads" or "prange", DG_JIT_LAUNCHER), ``module``.
+    dispatcher with the kernel's signature), ``launcher`` ("threads" or "prange", DG_JIT_LAUNCHER), ``module``
+    (imported on first use when native code serves the kernel), ``native`` (the loaded native library, or None).
     """
 
     def __init__(self, *, name: str, digest: str, path: Path | None, module, meta: dict, constants: dict, source: str,

@@ -496,10 +496,12 @@ class NativeBuild:
         cc = compiler()
         if cc is None:
             _refuse("no C compiler (set CC, or install cc/gcc)")
-        # NOTES: mkdtemp + rmtree, not TemporaryDirectory: its finalizer runs at interpreter exit before the atexit
-        # wait for background builds (atexit is last in, first out), and would remove the files mid-build.
+        # NOTES: the objects are linked in the system's temp directory (the cache root only ever receives the
+        # finished library, written atomically), so a build in progress leaves nothing in the root. mkdtemp + rmtree,
+        # not TemporaryDirectory: its finalizer runs at interpreter exit before the atexit wait for background
+        # builds (atexit is last in, first out), and would remove the files mid-build.
         with _build_lock:
-            tmp = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-native-", dir=self.root / "tmp"))
+            tmp = Path(tempfile.mkdtemp(prefix=f"deep_gemm-native-{os.getpid()}-"))
             try:
                 return self._link(tmp, cc)
             finally:
@@ -538,7 +540,7 @@ class NativeBuild:
                 old = read_record(entry).get("library")
             except NativeUnavailable:
                 old = None
-            os.replace(out, entry / name)
+            write_atomic(entry / name, data)
             write_atomic(entry / NATIVE_JSON, json.dumps(record, indent=1, sort_keys=True).encode())
             if old and old != name:
                 with contextlib.suppress(OSError):
