@@ -23,8 +23,13 @@ def _init_worker(num_ai_cores: int, arch: str) -> None:
 
 
 def _run_dry(fn: Callable[[], object]) -> object:
+    from ..jit.compile import wait_native_builds
+
     with runtime.dry_run():
-        return fn()
+        result = fn()
+    # NOTES: a pool worker ends without running atexit handlers: its kernels' native libraries are finished here.
+    wait_native_builds()
+    return result
 
 
 def _default_workers() -> int:
