@@ -285,20 +285,24 @@ class CompiledKernel:
     def compile(self, *args, **kwargs) -> None:
         """Compile the kernel for the types of the arguments (bound as by a launch; or load it from numba's cache)
         without running it. Without arguments: for placeholders of the types a launch binds (EntrySignature)."""
-        import numba
-
         if not args and not kwargs:
             kwargs = self.signature.placeholders()
         args = self._bind(args, kwargs)
         if self.native is not None and self.launcher == "threads" and self._native_covers(args):
-            return  # the native library serves these arguments: nothing to compile
+            return  # the native library serves these arguments: nothing to compile (and numba is not imported)
+        import numba
+
         self._ensure_compiled(tuple(numba.typeof(a) for a in args), args)
 
     def _native_covers(self, args: tuple) -> bool:
-        """True when the native library's signature is the one numba would pick for ``args``."""
-        import numba
-
-        wanted = ["int64", "int64", *(str(numba.typeof(a)) for a in args)]
+        """True when the native library's signature is the one numba would pick for ``args`` (bound arguments),
+        decided without importing numba (its type names are spelled here for what a bind produces)."""
+        wanted = ["int64", "int64"]
+        for a in args:
+            name = _numba_type_name(a)
+            if name is None:
+                return False
+            wanted.append(name)
         return wanted == list(self.native.record.get("signature", ()))
 
     def _ensure_compiled(self, sig: tuple, args: tuple, build_native: bool = True) -> None:
@@ -496,6 +500,25 @@ def _after_interrupt() -> None:
     """Forget what an interrupted compile may have left half done: numba's memo of failed typings (a callee whose
     compile the interrupt broke would fail every later call with a replayed error)."""
     numba_cache.forget_failed_compiles()
+
+
+def _numba_type_name(value) -> str | None:
+    """str(numba.typeof(value)) for the values a bind produces (numpy arrays of plain dtypes, Python bool, int,
+    float), without numba; None for anything else."""
+    import numpy as np
+
+    if type(value) is bool:
+        return "bool"
+    if type(value) is int:
+        return "int64" if -(2**63) <= value < 2**63 else None
+    if type(value) is float:
+        return "float64"
+    if type(value) is np.ndarray and value.flags.aligned and value.dtype.isbuiltin and value.dtype.kind in "biuf":
+        flags = value.flags
+        layout = "C" if flags.c_contiguous else "F" if flags.f_contiguous else "A"
+        name = f"array({value.dtype}, {value.ndim}d, {layout})"
+        return name if flags.writeable else f"readonly {name}"
+    return None
 
 
 def _signature(args) -> str:
