@@ -1,8 +1,8 @@
 """tf32_hc_prenorm_gemm (templates/tf32_hc_prenorm_gemm.asc.j2, a mixed kernel): against numpy with the same TF32
 rounding (DeepGEMM's max(diff_d, diff_s) < 1e-8), split and unsplit; the HF32 rounding bit for bit on one-hot rows;
 deterministic mode bitwise the same across runs, 1 and 2 threads and logical core counts; bad input refused before
-any write; the cost model's estimate. Three kernels in all (two core counts of the kernel-side split, one caller
-split), shared by every test here."""
+any write; the cost model's estimate. Four kernels in all (the kernel-side split of deterministic mode on 2 and 5
+cores and the one tuned to 5 cores, one caller split), shared by every test here."""
 
 from __future__ import annotations
 
