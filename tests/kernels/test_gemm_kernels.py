@@ -158,7 +158,8 @@ def test_dry_run_builds_without_touching_d(rng):
 
 
 # Hand-picked configs that walk template branches the heuristic may not pick: several MAD tiles per block (L0C
-# slots > stages), L0A kept across N-MADs, scale chunks over 2 K blocks, and the resident-A stream path.
+# slots > stages) with the K-MAD loop outermost (K_MAD_OUTER: 2 x 2 MAD tiles, 2 K steps, 2 L0 stages), scale chunks
+# over 2 K blocks, and the resident-A stream path.
 MULTI_MAD = GemmConfig(block_m=64, block_n=64, block_k=128, mad_m=32, mad_n=32, mad_k=64, num_l1_stages=3,
                        sf_k_blocks=2, num_ai_cores=CORES)
 STREAM_NO_KEEP = GemmConfig(block_m=16, block_n=32, block_k=256, mad_m=16, mad_n=32, mad_k=64, num_l1_stages=2,

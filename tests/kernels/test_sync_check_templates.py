@@ -1,7 +1,8 @@
 """Every shipped GEMM template passes the synchronisation checker (DG_SYNC_CHECK=1): the FP8 template (MX scale
-ring, cube path; stream path with the resident A panel), the BF16 template, the mixed ReLU example and the
-FP8-output epilogue (cross-core flags). A checked kernel raises SyncCheckError on any protocol error, so a clean run
-with the right numbers is the pass. The examples of the JIT are checked in tests/jit/test_sync_check.py."""
+ring, cube path, also with the K-MAD loop outermost; stream path with the resident A panel), the BF16 template, the
+mixed ReLU example and the FP8-output epilogue (cross-core flags). A checked kernel raises SyncCheckError on any
+protocol error, so a clean run with the right numbers is the pass. The examples of the JIT are checked in
+tests/jit/test_sync_check.py."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from deep_gemm.testing import calc_diff
 # name -> (a_dtype, b_dtype, m, n, k, major_a, major_b, out_dtype)
 CHECKED = {
     "fp8_cube": ("fp8", "fp8", 129, 97, 200, "k", "k", "bf16"),
+    # 2 x 2 MAD tiles of 2 K steps each on 2 L0 stages: the K-MAD loop runs outermost (K_MAD_OUTER)
+    "fp8_cube_k_mad_outer": ("fp8", "fp8", 160, 512, 1024, "k", "k", "bf16"),
     "fp8_fp4_stream_resident_a": ("fp8", "fp4", 13, 232, 136, "k", "mn", "fp32"),
     "bf16_cube": ("bf16", "bf16", 130, 33, 100, "k", "mn", "fp32"),
 }
