@@ -14,6 +14,7 @@ from numba.extending import overload
 
 from ..jit.numba_setup import apply_numba_settings
 from ._bits import bits_to_f32, f32_to_bits
+from .cube import _data_ptr, _ptr_add
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
 apply_numba_settings()
@@ -68,6 +69,44 @@ def _store_out_impl(gm_d, index, value, with_accumulation):
     return None
 
 
+@njit(cache=True, inline="always")
+def _round_bf16_lanes(value):
+    """f32_to_bf16_bits without branches (a select for NaN), so a row loop of it vectorizes; same bits."""
+    bits = np.uint32(f32_to_bits(value))
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    quiet = ((bits >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0)
+    # NOTES: only NaN bit patterns (> 0x7F800000 without the sign) can carry out of 32 bits above; they take `quiet`
+    return np.uint16(quiet if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000) else rounded)
+
+
+@njit(cache=True)
+def _fixpipe_rows_bf16(pd, stride_d, pc, ldc, rows, cols, scale, with_accumulation):
+    """D rows (uint16 bf16 bits at pd[i * stride_d + j]) from L0C rows (fp32 at pc[i * ldc + j])."""
+    for i in range(rows):
+        dst = _ptr_add(pd, i * stride_d)
+        src = _ptr_add(pc, i * ldc)
+        if with_accumulation:
+            for j in range(cols):
+                dst[j] = _round_bf16_lanes(bits_to_f32(np.uint32(dst[j]) << np.uint32(16)) + scale * src[j])
+        else:
+            for j in range(cols):
+                dst[j] = _round_bf16_lanes(scale * src[j])
+
+
+@njit(cache=True)
+def _fixpipe_rows_f32(pd, stride_d, pc, ldc, rows, cols, scale, with_accumulation):
+    """D rows (fp32 at pd[i * stride_d + j]) from L0C rows (fp32 at pc[i * ldc + j])."""
+    for i in range(rows):
+        dst = _ptr_add(pd, i * stride_d)
+        src = _ptr_add(pc, i * ldc)
+        if with_accumulation:
+            for j in range(cols):
+                dst[j] = dst[j] + scale * src[j]
+        else:
+            for j in range(cols):
+                dst[j] = scale * src[j]
+
+
 @njit(cache=True)
 def Fixpipe(gm_d, stride_d, l0c, row0, col0, num_rows, num_cols, m, n, alpha, with_accumulation):  # noqa: N802
     """Fixpipe L0C -> GM (asc_copy_l0c2gm with F322BF16 / no quantization, NZ -> ND).
@@ -80,10 +119,37 @@ def Fixpipe(gm_d, stride_d, l0c, row0, col0, num_rows, num_cols, m, n, alpha, wi
     rows = min(num_rows, m - row0)
     cols = min(num_cols, n - col0)
     scale = np.float32(alpha)
-    for i in range(rows):
-        base = (row0 + i) * stride_d + col0
-        for j in range(cols):
-            _store_out(gm_d, base + j, scale * l0c[i, j], with_accumulation)
+    if rows <= 0 or cols <= 0:
+        return
+    last = (row0 + rows - 1) * stride_d + col0 + cols  # one past D's last element written
+    if l0c.strides[1] != 4 or gm_d.strides[0] != gm_d.itemsize or row0 < 0 or col0 < 0 or last > gm_d.size:
+        # Not the layout the kernels pass (a column-strided L0C view, a strided D): element by element, checked
+        for i in range(rows):
+            base = (row0 + i) * stride_d + col0
+            for j in range(cols):
+                _store_out(gm_d, base + j, scale * l0c[i, j], with_accumulation)
+        return
+    # NOTES: pointers (no wraparound selects) and the accumulate test outside the row loops: each row vectorizes
+    pd = _ptr_add(_data_ptr(gm_d), row0 * stride_d + col0)
+    _fixpipe_rows(pd, stride_d, _data_ptr(l0c), l0c.strides[0] // 4, rows, cols, scale, bool(with_accumulation))
+
+
+def _fixpipe_rows(pd, stride_d, pc, ldc, rows, cols, scale, with_accumulation):
+    """Dispatch on D's storage dtype (numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_fixpipe_rows)
+def _fixpipe_rows_impl(pd, stride_d, pc, ldc, rows, cols, scale, with_accumulation):
+    if not isinstance(pd, types.CPointer):
+        return None
+    if pd.dtype == types.uint16:
+        return lambda pd, stride_d, pc, ldc, rows, cols, scale, with_accumulation: _fixpipe_rows_bf16(
+            pd, stride_d, pc, ldc, rows, cols, scale, with_accumulation)
+    if pd.dtype == types.float32:
+        return lambda pd, stride_d, pc, ldc, rows, cols, scale, with_accumulation: _fixpipe_rows_f32(
+            pd, stride_d, pc, ldc, rows, cols, scale, with_accumulation)
+    return None
 
 
 @njit(cache=True)
