@@ -12,7 +12,7 @@ Contract (all ``@njit(cache=True)``, callable from generated kernels; sizes in e
 The L0 layouts are private (only these functions read or write them):
 - L0A: rows x K, [mad_m][mad_k] (a scaled copy; the micro-kernel broadcasts A from it).
 - L0B: K-major panels of NR rows (16 on AVX2, the Cube fractal's width), [ceil(mad_n / NR)][mad_k][NR], rows past
-  mad_n zero. Packing transposes 8 x 8 blocks in registers.
+  mad_n zero. Packing transposes 8 rows x 16 (or 8) K columns in registers.
 NOTES: the micro-kernel is LLVM IR emitted by an ``@intrinsic``: MR x NR of L0C in MR * NR / LANES vector
 accumulators updated with ``llvm.fma`` (AVX2: 6 x 16 in 12 ymm). Unlike numba's SLP vectorizer on scalar code
 (which spilled the 6 x 16 tile), its code does not depend on vectorizer settings or fastmath flags.
@@ -115,12 +115,12 @@ def _is_l1_ptr(ptr) -> bool:
     return isinstance(ptr, types.CPointer) and (ptr.dtype == types.float32 or ptr.dtype in _CODE_KINDS)
 
 
-def _load8(context, builder, ptr_type, ptr, offset):
-    """<8 x float> from 8 consecutive L1 elements at ptr + offset (decoded when L1 holds codes; unaligned)."""
+def _load8(context, builder, ptr_type, ptr, offset, lanes=8):
+    """<lanes x float> from consecutive L1 elements at ptr + offset (decoded when L1 holds codes; unaligned)."""
     if ptr_type.dtype == types.float32:
-        return builder.load(_vec_ptr(builder, ptr, offset, _V8), align=4)
+        return builder.load(_vec_ptr(builder, ptr, offset, ir.VectorType(_F32, lanes)), align=4)
     elem = context.get_value_type(ptr_type.dtype)
-    raw = builder.load(_vec_ptr(builder, ptr, offset, ir.VectorType(elem, 8)), align=1)
+    raw = builder.load(_vec_ptr(builder, ptr, offset, ir.VectorType(elem, lanes)), align=1)
     return emit_decode(builder, widen_to_i32(builder, raw), _CODE_KINDS[ptr_type.dtype])
 
 
@@ -154,6 +154,77 @@ def _copy8_scaled(typingctx, dst, src, scale):
     if not (isinstance(dst, types.CPointer) and dst.dtype == types.float32 and _is_l1_ptr(src)):
         return None
     return types.void(dst, src, types.float32), codegen
+
+
+@intrinsic
+def _copy16_scaled(typingctx, dst, src, scale):
+    """dst[0:16] = value(src[0:16]) * scale: _copy8_scaled on a 512-bit vector (AVX-512 hosts; LLVM splits it in
+    two elsewhere)."""
+
+    def codegen(context, builder, signature, args):
+        d, s, sc = args
+        zero = ir.Constant(ir.IntType(64), 0)
+        v16 = ir.VectorType(_F32, 16)
+        v = _load8(context, builder, signature.args[1], s, zero, lanes=16)
+        v = builder.fmul(v, _splat(builder, sc, v16))
+        builder.store(v, _vec_ptr(builder, d, zero, v16), align=4)
+        return context.get_dummy_value()
+
+    if not (isinstance(dst, types.CPointer) and dst.dtype == types.float32 and _is_l1_ptr(src)):
+        return None
+    return types.void(dst, src, types.float32), codegen
+
+
+def _transpose8_codegen(width):
+    """Codegen of an 8-row x ``width``-column (8 or 16) in-register transpose: dst[j * dst_stride + r] =
+    value(src[r * src_stride + j]) * s_r. 8 vector loads of ``width`` lanes (decoded when L1 holds codes), unpack /
+    shuffle steps inside each 256-bit half (a 16-wide row holds two 8 x 8 blocks side by side), ``width`` stores of
+    8 lanes."""
+    halves = width // 8
+
+    def rep(idx, span):
+        # the same 8-lane pattern in every 8-lane half; indices of the second operand start at ``span``
+        return [(i - 8 + span if i >= 8 else i) + 8 * h for h in range(halves) for i in idx] if halves > 1 else idx
+
+    def codegen(context, builder, signature, args):
+        d, sp = args[0], args[2]
+        ds = _as_intp(context, builder, args[1], signature.args[1])
+        ss = _as_intp(context, builder, args[3], signature.args[3])
+        scale = ir.Constant(_V8, ir.Undefined)
+        for r in range(8):
+            scale = builder.insert_element(scale, args[4 + r], ir.Constant(_I32, r))
+        rows = [_load8(context, builder, signature.args[2], sp, builder.mul(ss, ir.Constant(ss.type, r)), width)
+                for r in range(8)]
+        # Interleave row pairs, then pairs of pairs (within 128-bit lanes), then gather 128-bit quarters.
+        t = []
+        for r in range(0, 8, 2):
+            t.append(_shuffle(builder, rows[r], rows[r + 1], rep([0, 8, 1, 9, 4, 12, 5, 13], width)))
+            t.append(_shuffle(builder, rows[r], rows[r + 1], rep([2, 10, 3, 11, 6, 14, 7, 15], width)))
+        u = []
+        for base in (0, 4):
+            for half in (0, 1):
+                a, b = t[base + half], t[base + 2 + half]
+                u.append(_shuffle(builder, a, b, rep([0, 1, 8, 9, 4, 5, 12, 13], width)))
+                u.append(_shuffle(builder, a, b, rep([2, 3, 10, 11, 6, 7, 14, 15], width)))
+        for j in range(width):
+            h, jj = divmod(j, 8)
+            lo, hi = u[jj % 4], u[4 + jj % 4]
+            quarter = [0, 1, 2, 3] if jj < 4 else [4, 5, 6, 7]
+            idx = [8 * h + q for q in quarter] + [width + 8 * h + q for q in quarter]
+            col = builder.fmul(_shuffle(builder, lo, hi, idx), scale)
+            builder.store(col, _vec_ptr(builder, d, builder.mul(ds, ir.Constant(ds.type, j)), _V8), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@intrinsic
+def _transpose8x16_scaled(typingctx, dst, dst_stride, src, src_stride, s0, s1, s2, s3, s4, s5, s6, s7):
+    """_transpose8x8_scaled over 16 K columns at once (16-lane loads and decodes; two 8 x 8 blocks per shuffle)."""
+    if not (isinstance(dst, types.CPointer) and dst.dtype == types.float32 and _is_l1_ptr(src)):
+        return None
+    f32 = types.float32
+    return types.void(dst, dst_stride, src, src_stride, f32, f32, f32, f32, f32, f32, f32, f32), _transpose8_codegen(16)
 
 
 @intrinsic
@@ -366,12 +437,18 @@ def _load_a_core(pd, ps, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with
     """L0A[i * mad_k + kk] = L1[row0 + i, k0 + kk] * scale, L1 element (r, c) at ps[r * ld + c * cs]."""
     # NOTES: the 8-wide vector path needs unit K stride and, with scales, no 32-K block straddling 8 columns.
     kv = 0 if cs != 1 or (with_sf and k0 % 8 != 0) else mad_k - mad_k % 8
+    # NOTES: 16 lanes at a time where a 16-chunk never straddles a 32-K scale block (k0 % 16 == 0), then 8
+    kw = 0 if cs != 1 or k0 % 16 != 0 else mad_k - mad_k % 16
     for i in range(mad_m):
         row = row0 + i
         src = _ptr_add(ps, row * ld + k0 * cs)
         dst = _ptr_add(pd, i * mad_k)
         s = np.float32(1.0)
-        for kk in range(0, kv, 8):
+        for kk in range(0, kw, 16):
+            if with_sf and (kk == 0 or (k0 + kk) % 32 == 0):
+                s = _sf_scale(psf, sf_rs, sf_cs, row, k0 + kk, with_sf)
+            _copy16_scaled(_ptr_add(dst, kk), _ptr_add(src, kk), s)
+        for kk in range(kw, kv, 8):
             if with_sf and (kk == 0 or (k0 + kk) % 32 == 0):
                 s = _sf_scale(psf, sf_rs, sf_cs, row, k0 + kk, with_sf)
             _copy8_scaled(_ptr_add(dst, kk), _ptr_add(src, kk), s)
@@ -379,10 +456,20 @@ def _load_a_core(pd, ps, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with
             dst[kk] = _l1_to_f32(src[kk * cs]) * _sf_scale(psf, sf_rs, sf_cs, row, k0 + kk, with_sf)
 
 
+@njit(cache=True, inline="always")
+def _row_scales8(psf, r, sf_rs, sf_cs, k):
+    """2^(e-127) of L1 rows r .. r + 7 at K column k (the 32-K block k // 32)."""
+    e = _ptr_add(psf, r * sf_rs + (k // 32) * sf_cs)
+    return (UE8M0_SCALES[e[0]], UE8M0_SCALES[e[sf_rs]], UE8M0_SCALES[e[2 * sf_rs]], UE8M0_SCALES[e[3 * sf_rs]],
+            UE8M0_SCALES[e[4 * sf_rs]], UE8M0_SCALES[e[5 * sf_rs]], UE8M0_SCALES[e[6 * sf_rs]],
+            UE8M0_SCALES[e[7 * sf_rs]])
+
+
 @njit(cache=True)
 def _load_b_core(pd, ps, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with_sf):
     """L0B panel p, K step kk, lane j = L1[row0 + p * NR + j, k0 + kk] * scale (0 past mad_n); strides as above."""
     kv = 0 if cs != 1 or (with_sf and k0 % 8 != 0) else mad_k - mad_k % 8
+    kw = 0 if cs != 1 or k0 % 16 != 0 else mad_k - mad_k % 16
     num_panels = (mad_n + NR - 1) // NR
     for p in range(num_panels):
         panel = _ptr_add(pd, p * mad_k * NR)
@@ -396,17 +483,16 @@ def _load_b_core(pd, ps, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with
                 dst = _ptr_add(panel, g)
                 r = row0 + r0
                 s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(1.0)
-                for kk in range(0, kv, 8):
+                # 16 K columns per transpose where a 16-chunk never straddles a 32-K scale block, then 8
+                for kk in range(0, kw, 16):
                     if with_sf and (kk == 0 or (k0 + kk) % 32 == 0):
-                        e = _ptr_add(psf, r * sf_rs + ((k0 + kk) // 32) * sf_cs)
-                        s0 = UE8M0_SCALES[e[0]]
-                        s1 = UE8M0_SCALES[e[sf_rs]]
-                        s2 = UE8M0_SCALES[e[2 * sf_rs]]
-                        s3 = UE8M0_SCALES[e[3 * sf_rs]]
-                        s4 = UE8M0_SCALES[e[4 * sf_rs]]
-                        s5 = UE8M0_SCALES[e[5 * sf_rs]]
-                        s6 = UE8M0_SCALES[e[6 * sf_rs]]
-                        s7 = UE8M0_SCALES[e[7 * sf_rs]]
+                        s0, s1, s2, s3, s4, s5, s6, s7 = _row_scales8(psf, r, sf_rs, sf_cs, k0 + kk)
+                    _transpose8x16_scaled(
+                        _ptr_add(dst, kk * NR), NR, _ptr_add(src, kk), ld, s0, s1, s2, s3, s4, s5, s6, s7
+                    )
+                for kk in range(kw, kv, 8):
+                    if with_sf and (kk == 0 or (k0 + kk) % 32 == 0):
+                        s0, s1, s2, s3, s4, s5, s6, s7 = _row_scales8(psf, r, sf_rs, sf_cs, k0 + kk)
                     _transpose8x8_scaled(
                         _ptr_add(dst, kk * NR), NR, _ptr_add(src, kk), ld, s0, s1, s2, s3, s4, s5, s6, s7
                     )
