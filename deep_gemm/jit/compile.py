@@ -346,7 +346,7 @@ class CompiledKernel:
         NOTES: what the library links is taken from numba here; the C compiler then runs on a background thread
         (a specialization's compile does not wait for it; this process switches to the library once it is
         loaded, the same machine code) and the process waits for it at exit (wait_native_builds)."""
-        if not self._native_writable or self.launcher != "threads" or self.path is None:
+        if not self._native_writable or self.launcher != "threads" or self.path is None or not native.enabled():
             return
         self._native_writable = False  # one attempt per kernel and process
         if self.meta.get("is_mixed") or envs.DG_SYNC_CHECK.get():

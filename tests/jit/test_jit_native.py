@@ -159,3 +159,10 @@ def test_no_c_compiler_keeps_the_numba_path(fresh_root):
     out = run_child(VADD_CHILD, fresh_root, extra_env={"CC": "/nonexistent/cc", "PATH": "/nonexistent"})
     assert out["ok"] and "native_build" not in out["stats"] and out["stats"].get("native_unavailable") == 1, out
     assert not (_entry(fresh_root) / native.NATIVE_JSON).exists()
+
+
+def test_dg_jit_native_0_builds_and_runs_no_native_code(fresh_root):
+    out = run_child(NATIVE_CHILD, fresh_root, extra_env={"DG_JIT_NATIVE": "0"})
+    assert out["ok"] and not out["native"] and out["numba"] is True, out
+    assert not any(k.startswith("native_") for k in out["stats"]), out
+    assert not (_entry(fresh_root) / native.NATIVE_JSON).exists()
