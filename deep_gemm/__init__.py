@@ -51,7 +51,11 @@ _export(
 _export(".api.einsum", "einsum", "fp8_einsum", "fp8_bmm", "bf16_bmm")
 
 # Attention: the sparse-attention indexer's MQA logits (CUDA DeepGEMM's legacy name last)
-_export(".api.attention", "fp8_fp4_mqa_logits", "fp8_mqa_logits")
+_export(
+    ".api.attention",
+    "fp8_fp4_mqa_logits", "get_paged_mqa_logits_metadata", "fp8_fp4_paged_mqa_logits", "build_paged_kv_cache",
+    "fp8_mqa_logits", "fp8_paged_mqa_logits",
+)
 
 # Reference GEMMs (numpy), the cross-check DeepGEMM-Ascend runs against ACLNN
 _export(
@@ -78,7 +82,7 @@ _export(".api.hc_prenorm", "tf32_hc_prenorm_gemm")
 
 # Chip model
 _export(".estimate", "estimate_gemm", "GemmEstimate")
-_export(".heuristics.mqa", "estimate_mqa_logits", "MqaEstimate")
+_export(".heuristics.mqa", "estimate_mqa_logits", "estimate_paged_mqa_logits", "MqaEstimate")
 _export(".estimate_hc", "estimate_hc_prenorm_gemm", "HcPrenormEstimate")
 
 # Submodules

@@ -1,0 +1,81 @@
+"""The MQA-logits cost model and config choice (deep_gemm.heuristics.mqa): legal configs only, the estimates'
+structure (what grows with what, the paged gather's transfers per page), refusals of bad arguments."""
+
+from __future__ import annotations
+
+import pytest
+
+import deep_gemm
+from deep_gemm.heuristics.arch import get_arch
+from deep_gemm.heuristics.mqa import (
+    MAX_MAD_ROWS,
+    MqaDesc,
+    candidate_mqa_configs,
+    config_violations,
+    get_best_mqa_config,
+    split_units,
+)
+
+ARCH = get_arch("950DT")
+
+
+@pytest.mark.parametrize("num_heads", [4, 8, 32, 36, 64])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_configs_are_legal_and_fill_the_mad(num_heads, head_dim):
+    for desc in (MqaDesc(num_heads, head_dim), MqaDesc(num_heads, head_dim, next_n=2)):
+        cands = candidate_mqa_configs(desc, ARCH)
+        assert cands and all(not config_violations(desc, c, ARCH) for c in cands)
+        best = get_best_mqa_config(desc, ARCH)
+        assert best in cands and best.block_q * num_heads <= MAX_MAD_ROWS
+    assert get_best_mqa_config(MqaDesc(num_heads, head_dim, next_n=1), ARCH).block_kv == 256
+
+
+def test_ragged_estimate_grows_with_keys_and_names_its_bound():
+    causal = [deep_gemm.estimate_mqa_logits(2048, n, cu_seq_len_k_start=[0] * 2048,
+                                            cu_seq_len_k_end=[n - 2048 + i + 1 for i in range(2048)],
+                                            num_ai_cores=32, arch="950DT") for n in (4096, 16384)]
+    assert causal[1].time_us > 2 * causal[0].time_us
+    full = deep_gemm.estimate_mqa_logits(2048, 16384, num_ai_cores=32, arch="950DT")
+    assert full.time_us > causal[1].time_us and full.num_tiles > causal[1].num_tiles
+    assert full.bound in ("cube", "fixpipe", "vector", "mte2", "mte1", "l2", "hbm")
+    text = str(full)
+    assert "modelled" in text and "H=64 D=128" in text
+    # MX scales skip the AIVs' per-key multiply
+    mx = deep_gemm.estimate_mqa_logits(2048, 16384, kv_scale_per_key=False, num_ai_cores=32, arch="950DT")
+    assert mx.vector_us < full.vector_us
+
+
+def test_paged_estimate_transfers_per_page():
+    ctx = [[8192]] * 16
+    ascend = deep_gemm.estimate_paged_mqa_logits(ctx, page_size=64, use_ascend_kv_layout=True, arch="950DT",
+                                                 num_ai_cores=32)
+    cuda = deep_gemm.estimate_paged_mqa_logits(ctx, page_size=64, arch="950DT", num_ai_cores=32)
+    assert ascend.transfers_per_page == 1 and cuda.transfers_per_page == 2
+    assert ascend.mte2_us < cuda.mte2_us and ascend.time_us <= cuda.time_us
+    big_pages = deep_gemm.estimate_paged_mqa_logits(ctx, page_size=128, arch="950DT", num_ai_cores=32)
+    assert big_pages.mte2_us < cuda.mte2_us  # half the copies
+    assert ascend.num_tiles == 16 * 8192 // 256 and ascend.busiest_tiles == 16
+    fp4 = deep_gemm.estimate_paged_mqa_logits(ctx, q_dtype="fp4", kv_dtype="fp4", use_ascend_kv_layout=True,
+                                              arch="950DT", num_ai_cores=32)
+    assert fp4.transfers_per_page == 2  # FP4 values are decoded on their way into L1: scales apart
+
+
+@pytest.mark.parametrize("total,cores", [(0, 4), (5, 32), (100, 32), (1000, 7)])
+def test_split_units_equal_shares(total, cores):
+    starts = split_units(total, cores)
+    shares = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert starts[0] == 0 and starts[-1] == total and max(shares) - min(shares) <= 1
+
+
+@pytest.mark.parametrize("kwargs,error,pattern", [
+    ({"num_heads": 6}, ValueError, "num_heads=6"),
+    ({"head_dim": 96}, ValueError, "head_dim=96"),
+    ({"q_dtype": "bf16"}, ValueError, "q_dtype='bf16'"),
+    ({"arch": "910B2"}, ValueError, "910B2 has no FP8"),
+    ({"num_ai_cores": 33, "arch": "950DT"}, ValueError, "num_ai_cores=33"),
+    ({"cu_seq_len_k_start": [0] * 8, "cu_seq_len_k_end": [9] * 8}, ValueError, "row 0"),
+    ({"cu_seq_len_k_start": [0] * 8}, ValueError, "pass both"),
+])
+def test_estimate_refuses_bad_arguments(kwargs, error, pattern):
+    with pytest.raises(error, match=pattern):
+        deep_gemm.estimate_mqa_logits(8, 8, **kwargs)
