@@ -291,15 +291,23 @@ def get_paged_mqa_logits_metadata(context_lens, num_heads, indices=None):
 
     context_lens: int32 [B] or [B, next_n] (each query token's context length). num_heads: the q heads (a multiple
     of 4 in [4, 64]). The row count records the core count (runtime.get_num_ai_cores()); fp8_fp4_paged_mqa_logits
-    refuses metadata built for another. ``indices`` (varlen mode) is not supported.
+    refuses metadata built for another. ``indices`` (varlen mode) is not supported; an int in its place is taken as
+    CUDA DeepGEMM's num_sms (which must equal the core count).
     """
     ctx = _check_context_lens(context_lens)
     if isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral):
         raise TypeError(f"num_heads must be an int, got {type(num_heads).__name__}: {num_heads!r}")
     _check_heads_dim(int(num_heads), MQA_HEAD_DIMS[0], "get_paged_mqa_logits_metadata")
+    cores = runtime.get_num_ai_cores()
+    if isinstance(indices, numbers.Integral) and not isinstance(indices, bool):
+        # CUDA DeepGEMM's call (context_lens, block_kv, num_sms): its core count, which must be this one's
+        if int(indices) != cores:
+            raise ValueError(f"num_sms={indices} (CUDA DeepGEMM's third argument) differs from the {cores} AI cores "
+                             f"the kernels run on (set_num_ai_cores)")
+        indices = None
     if indices is not None:
         raise NotImplementedError("indices (CUDA DeepGEMM's varlen mode) is not supported: pass indices=None")
-    return _schedule(ctx, int(num_heads), runtime.get_num_ai_cores())
+    return _schedule(ctx, int(num_heads), cores)
 
 
 def _check_block_table(block_table: object, batch: int, pages: np.ndarray, num_blocks: int,

@@ -165,6 +165,19 @@ def test_metadata_equal_shares(rng, cores, next_n, num_heads):
         assert a == len(units) or 0 <= s < max(units[a], 1)
 
 
+def test_metadata_cuda_call_form():
+    ctx = np.array([[300], [5]], np.int32)
+    with deep_gemm.runtime_scope(num_ai_cores=4):
+        meta = deep_gemm.get_paged_mqa_logits_metadata(ctx, 64)
+        np.testing.assert_array_equal(deep_gemm.get_paged_mqa_logits_metadata(ctx, 64, 4), meta)  # num_sms
+        with pytest.raises(ValueError, match="num_sms=32"):
+            deep_gemm.get_paged_mqa_logits_metadata(ctx, 64, 32)
+        with pytest.raises(NotImplementedError, match="varlen"):
+            deep_gemm.get_paged_mqa_logits_metadata(ctx, 64, np.arange(2, dtype=np.int32))
+        with pytest.raises(ValueError, match="num_heads=66"):
+            deep_gemm.get_paged_mqa_logits_metadata(ctx, 66)
+
+
 def test_build_paged_kv_cache_layouts(rng):
     batch, head_dim, page_size = 2, 64, 64
     ctx = np.array([[70], [64]], np.int32)
