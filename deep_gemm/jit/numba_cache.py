@@ -359,16 +359,35 @@ def _verified_cache_class():
     return _numba_classes()
 
 
+@functools.cache
+def _sources_tag(source_dir: Path) -> str:
+    """A hash of ``source_dir``'s path and of every module of the deep_gemm package (relative name and bytes),
+    read once per process and directory."""
+    package = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha1(str(source_dir).encode())
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def _shared_directory(source_dir: Path) -> Path | None:
-    """<root>/numba/<dir name>_<hash of its path>/ for the functions of modules in ``source_dir``; None when no
-    writable root exists (the functions then stay in memory)."""
+    """<root>/numba/<dir name>_<hash of its path and modules>/ for the functions of modules in ``source_dir``; None
+    when no writable root exists (the functions then stay in memory).
+
+    NOTES: numba checks a cached function only against its own file's stamp, but a device function inlines the
+    functions it calls from other modules and freezes the constants it reads from them (heuristics.capacity): keyed
+    by one file, an edited callee (an upgrade of deep_gemm) would leave its callers' stale machine code in use.
+    Every module of the package is in the tag, so any edit rebuilds the device functions once."""
     try:
         root = cache.cache_roots().write
     except OSError:
         return None
     if root is None:
         return None
-    tag = hashlib.sha1(str(source_dir).encode()).hexdigest()[:16]
+    try:
+        tag = _sources_tag(source_dir)
+    except OSError:
+        return None
     return root / SHARED_DIR / f"{source_dir.name}_{tag}"
 
 

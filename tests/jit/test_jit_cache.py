@@ -388,3 +388,30 @@ def test_bad_arguments_to_build():
         build("not a name", {"NUM_AI_CORES": 1})
     with pytest.raises(TypeError, match="X"):
         build("vadd", {"NUM_AI_CORES": 1, "X": object()}, template="examples/vadd", device_module=EXAMPLE_DEVICE)
+
+
+def test_device_functions_cache_is_keyed_by_every_package_module(tmp_path, monkeypatch):
+    # numba checks a cached function against its own file only; a device function inlines its callees from other
+    # modules, so an edit anywhere in the package must move the device functions to a fresh directory.
+    package = tmp_path / "pkg"
+    (package / "device").mkdir(parents=True)
+    (package / "jit").mkdir()
+    (package / "device" / "cube.py").write_text("def mad(): return callee()\n")
+    (package / "device" / "vector.py").write_text("def callee(): return 1\n")
+    (package / "heuristics.py").write_text("L0_BYTES = 65536\n")
+    monkeypatch.setattr(numba_cache, "__file__", str(package / "jit" / "numba_cache.py"))
+    monkeypatch.setattr(cache, "cache_roots", lambda: cache.CacheRoots(tmp_path / "root", ()))
+
+    def directory():
+        numba_cache._sources_tag.cache_clear()
+        return numba_cache._shared_directory(package / "device")
+
+    first = directory()
+    assert first.parent == tmp_path / "root" / numba_cache.SHARED_DIR and first.name.startswith("device_")
+    assert directory() == first
+    (package / "device" / "vector.py").write_text("def callee(): return 2\n")
+    second = directory()
+    (package / "heuristics.py").write_text("L0_BYTES = 32768\n")
+    third = directory()
+    assert len({first, second, third}) == 3
+    numba_cache._sources_tag.cache_clear()
