@@ -55,6 +55,7 @@ _RUNTIME_SYMBOLS = frozenset({
 # inline: refct, dtor, dtor_info, data, size, external allocator). Our own minimal implementation; allocation
 # failure returns NULL, which numba's code turns into a MemoryError status.
 _RUNTIME_C = r"""
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,21 +79,60 @@ void NRT_Free(void *ptr) { free(ptr); }
 void *NRT_Reallocate(void *ptr, size_t size) { return realloc(ptr, size); }
 
 /* A kernel allocates the same per-core buffers (np.empty) for every logical core it runs and frees them at the
-   core's end: each thread keeps a few freed blocks and hands them out again for the same size and alignment. */
-#define DG_REUSE_SLOTS 32
-#define DG_REUSE_BYTES ((size_t)64 << 20)
-static __thread dg_meminfo *dg_reuse[DG_REUSE_SLOTS];
-static __thread int dg_reuse_count;
-static __thread size_t dg_reuse_bytes;
+   core's end: each thread keeps a few freed blocks and hands them out again for the same size and alignment.
+   NOTES: every native library has its own copy of this cache, so it is small (DG_REUSE_SLOTS blocks, at most
+   DG_REUSE_BYTES per thread and library; a larger block is never kept) and a thread's blocks are freed when it exits
+   (the pthread key's destructor), so memory stays bounded by libraries x live threads x DG_REUSE_BYTES. */
+#define DG_REUSE_SLOTS 8
+#define DG_REUSE_BYTES ((size_t)8 << 20)
+typedef struct {
+    dg_meminfo *slot[DG_REUSE_SLOTS];
+    int count;
+    size_t bytes;
+} dg_reuse_list;
+static pthread_key_t dg_reuse_key;
+static int dg_reuse_ready;  /* 1: the key exists; -1: pthread_key_create failed (no reuse) */
+static pthread_once_t dg_reuse_once = PTHREAD_ONCE_INIT;
+
+static void dg_reuse_release(void *p) {
+    dg_reuse_list *list = (dg_reuse_list *)p;
+    for (int i = 0; i < list->count; i++) free(list->slot[i]);
+    free(list);
+}
+
+static void dg_reuse_init(void) { dg_reuse_ready = pthread_key_create(&dg_reuse_key, dg_reuse_release) == 0 ? 1 : -1; }
+
+static dg_reuse_list *dg_reuse_get(int create) {
+    pthread_once(&dg_reuse_once, dg_reuse_init);
+    if (dg_reuse_ready != 1) return NULL;
+    dg_reuse_list *list = (dg_reuse_list *)pthread_getspecific(dg_reuse_key);
+    if (list == NULL && create) {
+        list = (dg_reuse_list *)calloc(1, sizeof(dg_reuse_list));
+        if (list != NULL && pthread_setspecific(dg_reuse_key, list) != 0) {
+            free(list);
+            list = NULL;
+        }
+    }
+    return list;
+}
+
+/* For the tests: bytes this thread keeps for reuse in this library. */
+size_t dg_reuse_held(void) {
+    dg_reuse_list *list = dg_reuse_get(0);
+    return list == NULL ? 0 : list->bytes;
+}
 
 static dg_meminfo *dg_alloc(size_t size, unsigned align) {
-    for (int i = dg_reuse_count - 1; i >= 0; i--) {
-        dg_meminfo *mi = dg_reuse[i];
-        if (mi->size == size && mi->dg_align == align) {
-            dg_reuse[i] = dg_reuse[--dg_reuse_count];
-            dg_reuse_bytes -= size;
-            mi->refct = 1;
-            return mi;
+    dg_reuse_list *list = dg_reuse_get(0);
+    if (list != NULL) {
+        for (int i = list->count - 1; i >= 0; i--) {
+            dg_meminfo *mi = list->slot[i];
+            if (mi->size == size && mi->dg_align == align) {
+                list->slot[i] = list->slot[--list->count];
+                list->bytes -= size;
+                mi->refct = 1;
+                return mi;
+            }
         }
     }
     size_t pad = align > 1 ? align : 1;
@@ -133,11 +173,13 @@ dg_meminfo *NRT_MemInfo_new(void *data, size_t size, dg_dtor dtor, void *info) {
 
 void NRT_MemInfo_call_dtor(dg_meminfo *mi) {
     if (mi->dtor != NULL) mi->dtor(mi->data, mi->size, mi->dtor_info);
-    if (mi->dg_owned && mi->dtor == NULL && dg_reuse_count < DG_REUSE_SLOTS &&
-        dg_reuse_bytes + mi->size <= DG_REUSE_BYTES) {
-        dg_reuse[dg_reuse_count++] = mi;
-        dg_reuse_bytes += mi->size;
-        return;
+    if (mi->dg_owned && mi->dtor == NULL && mi->size <= DG_REUSE_BYTES) {
+        dg_reuse_list *list = dg_reuse_get(1);
+        if (list != NULL && list->count < DG_REUSE_SLOTS && list->bytes + mi->size <= DG_REUSE_BYTES) {
+            list->slot[list->count++] = mi;
+            list->bytes += mi->size;
+            return;
+        }
     }
     free(mi);
 }
@@ -523,7 +565,7 @@ class NativeBuild:
         (tmp / "native.c").write_text("\n".join([_RUNTIME_C, *self.sources]) + stubs)
         out = tmp / "native.so"
         cmd = [cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(tmp / "native.c"), *map(str, objects), "-lm",
-               "-Wl,-z,notext", "-Wl,-z,noexecstack"]
+               "-pthread", "-Wl,-z,notext", "-Wl,-z,noexecstack"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             _refuse(f"the C compiler failed: {proc.stderr.strip()[-400:]}")
