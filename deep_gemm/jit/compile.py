@@ -750,7 +750,8 @@ def _load_existing(path: Path, name: str, digest: str, constants: dict, timings:
 
 def _load_native(path: Path, name: str, digest: str, meta: dict, writable: bool):
     """The entry's verified native library for this target, or None (none built: the numba path, which builds it
-    when ``writable``; built for another target: rebuilt; damaged: reported like a damaged entry file, rebuilt)."""
+    when ``writable``; built for another target: rebuilt; damaged: reported like a damaged entry file, rebuilt;
+    verified but not loadable in this process: the numba path, no warning)."""
     if not native.enabled() or launcher_mode() != "threads" or envs.DG_SYNC_CHECK.get() or meta.get("is_mixed"):
         return None
     try:
@@ -763,6 +764,9 @@ def _load_native(path: Path, name: str, digest: str, meta: dict, writable: bool)
         elif kind == "stale":
             _event("native_stale", kernel=name, digest=digest, why=e.args[0])
             _debug(1, f"{name}.{digest}: native library {e.args[0]}; rebuilt after numba compiles")
+        elif kind == "unavailable":  # verified, but it cannot be loaded in this process: not a damaged entry
+            _event("native_unavailable", kernel=name, digest=digest, why=e.args[0])
+            _debug(1, f"{name}.{digest}: native library {e.args[0]}; numba serves it")
         return None
 
 

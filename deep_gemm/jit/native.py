@@ -7,19 +7,22 @@ arrays' data/shape/strides and calls numba's native entry with its flattened arg
 functions the code references: NRT allocation), links both with the C compiler into ``native-<sha>.so`` beside
 kernel.py, and records it in ``native.json`` (sha256 of the library, the target it was built for: CPU name and
 features as LLVM sees them, numba/llvmlite/numpy/Python/deep_gemm versions; its own checksum). load() verifies
-native.json, the target and the library's bytes, and dlopens exactly the verified bytes (a memfd copy). Knows
-nothing of GEMM.
+native.json, the target and the library's bytes, and dlopens exactly the verified bytes (a copy in a private
+directory, removed once loaded). Knows nothing of GEMM.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import functools
 import hashlib
+import itertools
 import json
 import os
 import platform
+import secrets
 import shutil
 import subprocess
 import sys
@@ -362,7 +365,27 @@ def read_record(entry: Path) -> dict:
 
 def load(entry: Path, digest: str) -> NativeKernel:
     """The verified native library of the entry at ``entry`` (cache key ``digest``). Raises NativeUnavailable
-    saying why not: none built, built for another target (args[1] == "stale"), damaged (args[1] == "damaged")."""
+    saying why not: none built, built for another target (args[1] == "stale"), damaged (args[1] == "damaged": a
+    record or library that does not verify), or it cannot be loaded here (args[1] == "unavailable": no private
+    directory to load from, dlopen refused the verified bytes)."""
+    # NOTES: read without the entry's lock (a read-only root has none); a concurrent rebuild (_link, under the lock)
+    # publishes the new library and record and then removes the old library, so a reader holding the old record
+    # can find its library gone: it reads the record again once. Still gone: the record names a missing file.
+    try:
+        return _load(entry, digest)
+    except _Vanished:
+        pass
+    try:
+        return _load(entry, digest)
+    except _Vanished as e:
+        raise NativeUnavailable(str(e), "damaged") from None
+
+
+class _Vanished(Exception):
+    """The library a record names is not there (replaced by a concurrent rebuild, or missing)."""
+
+
+def _load(entry: Path, digest: str) -> NativeKernel:
     record = read_record(entry)
     if record.get("digest") != digest or record.get("format") != FORMAT:
         raise NativeUnavailable(f"{NATIVE_JSON} describes another entry or format", "damaged")
@@ -376,8 +399,10 @@ def load(entry: Path, digest: str) -> NativeKernel:
         raise NativeUnavailable(f"{NATIVE_JSON} names no library", "damaged")
     try:
         data = (entry / name).read_bytes()
+    except FileNotFoundError:
+        raise _Vanished(f"{name}, named by {NATIVE_JSON}, is missing") from None
     except OSError as e:
-        raise NativeUnavailable(f"{name} is unreadable ({type(e).__name__}: {e})", "damaged") from e
+        raise NativeUnavailable(f"{name} is unreadable ({type(e).__name__}: {e})", "unavailable") from e
     if hashlib.sha256(data).hexdigest() != record.get("sha256"):
         raise NativeUnavailable(f"{name} does not match the sha256 recorded in {NATIVE_JSON}", "damaged")
     handle = _dlopen_bytes(data, entry / name)
@@ -388,34 +413,48 @@ def load(entry: Path, digest: str) -> NativeKernel:
         raise NativeUnavailable(f"{name} does not provide what {NATIVE_JSON} lists ({e})", "damaged") from e
 
 
+_load_dir: Path | None = None
+_load_count = itertools.count()
+_load_lock = threading.Lock()
+
+
+def _private_dir() -> Path:
+    """This process's private (0700) directory that verified libraries are loaded from; made once."""
+    global _load_dir
+    with _load_lock:
+        if _load_dir is None or not _load_dir.is_dir():
+            _load_dir = Path(tempfile.mkdtemp(prefix="deep_gemm-load-"))
+            atexit.register(_remove_private_dir, _load_dir, os.getpid())
+        return _load_dir
+
+
+def _remove_private_dir(path: Path, pid: int) -> None:
+    if os.getpid() == pid:  # not in a forked child that exits through atexit
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _dlopen_bytes(data: bytes, path: Path) -> ctypes.CDLL:
-    """dlopen exactly ``data`` (a memfd copy, so the file cannot change between its check and its use); the path
-    itself where memfd is missing."""
-    # NOTES: the loader reads the file once more by name when there is no memfd; the library's name carries its
-    # sha256, so only a deliberate rewrite in place could differ, and such a writer could replace kernel.py too.
-    memfd = getattr(os, "memfd_create", None)
-    if memfd is None:
-        try:
-            return ctypes.CDLL(str(path))
-        except OSError as e:
-            raise NativeUnavailable(f"{path.name} does not load ({e})", "damaged") from e
-    # NOTES: the memfd stays open for the life of the process: the dynamic loader knows a library by the name it
-    # was opened under, and a closed descriptor's number (so /proc/self/fd/<n>) is reused by the next one, which
-    # would hand back the first library loaded under that name instead of the new one.
-    fd = memfd(f"deep_gemm-{path.parent.name}", getattr(os, "MFD_CLOEXEC", 0))
+    """dlopen exactly ``data`` (already verified): written to a new file in a private directory, loaded, and removed
+    (the loaded mapping stays; no descriptor is kept). Raises NativeUnavailable(..., "unavailable") when any step
+    fails: the kernel then runs through numba, and the entry is not reported as damaged."""
+    # NOTES: the file cannot change between its check and its use (the directory is this process's, 0700); every
+    # load uses a name never used before (pid, counter, random part), since the dynamic loader hands back an already
+    # loaded library opened under the same name instead of reading the new file.
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        handle = ctypes.CDLL(f"/proc/self/fd/{fd}")
+        target = _private_dir() / f"{os.getpid()}-{next(_load_count)}-{secrets.token_hex(8)}-{path.name}"
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o500)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        try:
+            return ctypes.CDLL(str(target))
+        finally:
+            target.unlink()
     except OSError as e:
-        os.close(fd)
-        raise NativeUnavailable(f"{path.name} does not load ({e})", "damaged") from e
-    _open_libraries.append(fd)
-    return handle
-
-
-_open_libraries: list[int] = []  # memfds of the loaded libraries (kept open, see _dlopen_bytes)
+        raise NativeUnavailable(f"{path.name} does not load here ({type(e).__name__}: {e})", "unavailable") from e
 
 
 _self_test_ok: bool | None = None

@@ -9,12 +9,14 @@ import ctypes
 import json
 import os
 import threading
+import warnings
 
 import numpy as np
 import pytest
 from jit_helpers import EXAMPLE_DEVICE, VADD_CHILD, VADD_CONSTS, run_child, stats_delta, vadd_reference
 
 from deep_gemm.jit import build, native, stats
+from deep_gemm.jit import compile as jit_compile
 from deep_gemm.jit.compile import wait_native_builds
 
 pytestmark = pytest.mark.skipif(not native.enabled() or native.compiler() is None,
@@ -211,3 +213,56 @@ def test_native_runtime_frees_reused_blocks_at_thread_exit(native_vadd):
         t.join()
     grown = _rss_bytes() - before
     assert grown < 200 << 20, f"RSS grew by {grown >> 20} MB after 20 threads each freed 32 MB"
+
+
+def test_loading_native_libraries_keeps_no_descriptor_open(native_vadd):
+    native.load(native_vadd.path, native_vadd.digest)  # the private load directory exists from here on
+    before = len(os.listdir("/proc/self/fd"))
+    kernels = [native.load(native_vadd.path, native_vadd.digest) for _ in range(5)]
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert len({id(k.handle) for k in kernels}) == 5 and not any(native._private_dir().iterdir())
+
+
+def test_native_library_that_cannot_be_loaded_here_is_not_reported_damaged(native_vadd, monkeypatch):
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(native, "_load_dir", None)
+    monkeypatch.setattr(native.tempfile, "mkdtemp", no_space)
+    with pytest.raises(native.NativeUnavailable) as info:
+        native.load(native_vadd.path, native_vadd.digest)
+    assert info.value.args[1] == "unavailable", info.value.args
+    jit_compile.clear_memory_cache()
+    before = stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no corruption warning
+        kernel = build("vadd", VADD_CONSTS, template="examples/vadd", device_module=EXAMPLE_DEVICE)
+        x = np.arange(50, dtype=np.float32)
+        z = np.zeros(50, np.float32)
+        kernel(np.zeros(1, np.uint8), x, x, z, 50)
+        wait_native_builds()
+    delta = stats_delta(before)
+    assert "corrupt" not in delta and "native_load" not in delta, delta
+    np.testing.assert_array_equal(z, vadd_reference(x, x, VADD_CONSTS["SCALE"]))
+
+
+def test_native_load_during_a_concurrent_rebuild_reads_the_new_library(native_vadd, monkeypatch):
+    # A reader that read native.json just before a rebuild replaced the library (new library and record published,
+    # old library removed, as _link does) reads the record again instead of reporting the entry damaged.
+    entry, read_record = native_vadd.path, native.read_record
+    calls = []
+
+    def read_then_rebuild(path):
+        record = read_record(path)
+        if not calls:
+            new = dict(record, library="native-0123456789abcdef.so")
+            new["checksum"] = native._checksum(new)
+            (entry / new["library"]).write_bytes((entry / record["library"]).read_bytes())
+            (entry / native.NATIVE_JSON).write_text(json.dumps(new))
+            (entry / record["library"]).unlink()
+        calls.append(path)
+        return record
+
+    monkeypatch.setattr(native, "read_record", read_then_rebuild)
+    loaded = native.load(entry, native_vadd.digest)
+    assert loaded.path.name == "native-0123456789abcdef.so" and len(calls) == 2
