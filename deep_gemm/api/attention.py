@@ -235,7 +235,9 @@ def fp8_fp4_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, max
     from ..kernels.mqa_logits import launch_mqa_logits
 
     q_rows = _rows_view(qv, seq_len * num_heads, qv.shape[-1])
-    kv_rows = kvv if kvv.strides[1] == kvv.itemsize or kvv.shape[1] == 1 else np.ascontiguousarray(kvv)
+    # NOTES: the kernel addresses kv as rows at a non-negative stride with unit columns; anything else is copied.
+    unit_cols = kvv.strides[1] == kvv.itemsize or kvv.shape[1] == 1
+    kv_rows = kvv if unit_cols and kvv.strides[0] >= 0 else np.ascontiguousarray(kvv)
     launch_mqa_logits(q_rows, sfq, kv_rows, sfkv, kv_scale, w, ks, ke, logits.view(np.uint16),
                       num_heads=num_heads, head_dim=head_dim, q_dtype=q_kind, kv_dtype=kv_kind,
                       compressed=bool(max_seqlen_k), clean_logits=bool(clean_logits))

@@ -82,6 +82,22 @@ def test_fp8_cuda_form_against_references(rng, num_heads, head_dim):
     np.testing.assert_array_equal(again.view(np.uint16), logits.view(np.uint16))
 
 
+def test_reversed_and_strided_operands_give_the_same_bits(rng):
+    # views with negative or non-unit strides are laid out on the host; the kernel sees the same values
+    seq_len, seq_len_kv, num_heads, head_dim = 9, 300, 4, 64
+    q, kv, w, _, _ = fp8_cuda_inputs(rng, seq_len, seq_len_kv, num_heads, head_dim)
+    ks, ke = ranges(rng, seq_len, seq_len_kv)
+    logits = deep_gemm.fp8_fp4_mqa_logits(q, kv, w, ks, ke)
+    kv_rev = (kv[0][::-1].copy()[::-1], kv[1][::-1].copy()[::-1])  # same values, negative row strides
+    q_rev = (q[0][::-1].copy()[::-1], None)
+    assert kv_rev[0].strides[0] < 0 and q_rev[0].strides[0] < 0
+    wide = np.zeros((seq_len_kv, 2 * head_dim), kv[0].dtype)
+    wide[:, ::2] = kv[0]
+    for args in ((q_rev, kv_rev), (q, (wide[:, ::2], kv[1]))):
+        got = deep_gemm.fp8_fp4_mqa_logits(*args, w[::-1].copy()[::-1], ks, ke)
+        np.testing.assert_array_equal(got.view(np.uint16), logits.view(np.uint16))
+
+
 def test_ascend_mx_forms_fp8(rng):
     seq_len, seq_len_kv, num_heads, head_dim = 20, 300, 16, 128
     q = rng.standard_normal((seq_len * num_heads, head_dim)).astype(np.float32)
