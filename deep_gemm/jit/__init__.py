@@ -6,12 +6,13 @@ numba when it compiles one or runs it without native code.
 """
 
 from .compile import CompiledKernel, add_listener, build, clear_memory_cache, stats
-from .errors import CacheCorruptError, CompileError, JITError, RenderError, TranslateError
+from .errors import CacheCorruptError, CompileError, JITError, KernelRunError, RenderError, TranslateError
 from .signature import ArgumentError, EntrySignature
 
 __all__ = [
     "build", "CompiledKernel", "stats", "add_listener", "clear_memory_cache", "render",
-    "JITError", "RenderError", "TranslateError", "CompileError", "CacheCorruptError", "ArgumentError", "EntrySignature",
+    "JITError", "RenderError", "TranslateError", "CompileError", "CacheCorruptError", "KernelRunError", "ArgumentError",
+    "EntrySignature",
 ]
 
 

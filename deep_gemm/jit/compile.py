@@ -30,7 +30,7 @@ from pathlib import Path
 from .. import envs
 from . import cache, native, numba_cache
 from .constants import normalize_constants
-from .errors import CompileError, JITError, RenderError, TranslateError
+from .errors import CompileError, JITError, KernelRunError, RenderError, TranslateError
 from .numba_setup import KERNEL_MODULE_MARK, apply_numba_settings, codegen_settings
 from .signature import EntrySignature
 
@@ -243,31 +243,46 @@ class CompiledKernel:
     def _make_native_call(self):
         """The launch through the native library: its phase functions on the core launcher's threads (ctypes
         releases the GIL). A call the native signature does not cover (a non-contiguous or read-only array: the
-        BAD_ARGUMENT status, returned before anything is written), or a kernel that raised, goes through numba."""
+        BAD_ARGUMENT status, returned by the first phase before anything is written) goes through numba; any other
+        failure status raises (_native_failed)."""
         from .launch import LAUNCHER
 
         launch, cores, phases = LAUNCHER.launch, self.num_ai_cores, self.native.phases
 
         def run_native(*args):
-            try:
-                for phase in phases:
-                    launch(phase, cores, args)
-            except native.NativeStatus as e:
-                _event("native_fallback", kernel=self.name, digest=self.digest, status=e.status)
-                self._numba_call(args)
-
-        if len(phases) == 1:
-            phase = phases[0]
-
-            def run_native_one(*args):
+            for i, phase in enumerate(phases):
                 try:
                     launch(phase, cores, args)
                 except native.NativeStatus as e:
-                    _event("native_fallback", kernel=self.name, digest=self.digest, status=e.status)
-                    self._numba_call(args)
+                    self._native_failed(e, i, args)
+                    return
 
-            return run_native_one
         return run_native
+
+    def _native_failed(self, e: native.NativeStatus, phase: int, args: tuple) -> None:
+        """After a native launch returned status ``e.status`` in phase ``phase``: BAD_ARGUMENT from the first phase
+        (nothing written) reruns the launch through numba; anything else raises KernelRunError.
+
+        NOTES: never rerun a launch that may have written its outputs (an accumulating kernel would add twice). A
+        kernel that raised is run once more through numba only to raise numba's exception (chained to the
+        KernelRunError): the outputs are invalid either way, and success is never returned."""
+        if e.status == native.BAD_ARGUMENT and phase == 0:
+            _event("native_fallback", kernel=self.name, digest=self.digest, status=e.status)
+            self._numba_call(args)
+            return
+        _event("native_error", kernel=self.name, digest=self.digest, status=e.status)
+        what = "the kernel raised an exception" if e.raised else "a failure status"
+        err = KernelRunError(f"the native library {self.native.path.name} returned status {e.status} ({what}) in "
+                             f"phase {phase} of {self.entry}; the launch's outputs are invalid (possibly partly "
+                             f"written)", status=e.status, kernel=self.name, key=self.digest)
+        err.__cause__ = e
+        if e.raised:
+            try:
+                self._numba_call(args)
+            except Exception as raised:
+                raise raised from err
+            err.detail += "; numba ran it again without raising"
+        raise err from e
 
     def _numba_call(self, args: tuple) -> None:
         """One launch through numba (compiling or loading the entry for these argument types first)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 class JITError(Exception):
     """Base of every deep_gemm.jit error.
 
-    Attributes: ``phase`` ("render", "translate", "compile", "cache"), ``kernel`` (the build name or None),
+    Attributes: ``phase`` ("render", "translate", "compile", "cache", "run"), ``kernel`` (the build name or None),
     ``key`` (the cache digest or None), ``detail`` (the message without the header).
     """
 
@@ -60,3 +60,14 @@ class CacheCorruptError(JITError):
     """A cache entry is unreadable or inconsistent; raised only when it cannot be rebuilt."""
 
     phase = "cache"
+
+
+class KernelRunError(JITError):
+    """A kernel's native library returned a failure status during a launch: the launch's outputs are invalid
+    (possibly partly written). Carries ``status`` (the native status)."""
+
+    phase = "run"
+
+    def __init__(self, detail: str, *, status: int, kernel: str | None = None, key: str | None = None):
+        super().__init__(detail, kernel=kernel, key=key)
+        self.status = status

@@ -36,6 +36,7 @@ NATIVE_JSON = "native.json"
 FORMAT = 1
 OK_STATUSES = (0, -2)  # numba's RETCODE_OK and RETCODE_NONE (a function returning None)
 BAD_ARGUMENT = -1000  # the trampoline's status for an array numba's compiled signature does not cover
+RAISED = -1  # numba's RETCODE_EXC; statuses >= 1 are its user exceptions (FIRST_USEREXC): both mean the code raised
 
 # NOTES: numba's generated object code references these only from the CPython wrapper numba adds beside each
 # function (boxing, unboxing, raising into Python), which a native call never runs; they are defined as stubs that
@@ -225,11 +226,17 @@ class NativeUnavailable(Exception):
 
 class NativeStatus(Exception):
     """A native call returned a status other than success: BAD_ARGUMENT (an array numba's compiled signature does
-    not cover: the call goes through numba) or the kernel raised (numba runs it again to raise the real error)."""
+    not cover, refused before anything is written: the call goes through numba), a status of a raised exception
+    (``raised``: numba's RETCODE_EXC or a user exception's number) or another failure; after the last two the
+    launch's outputs are invalid."""
 
     def __init__(self, status: int):
         super().__init__(status)
         self.status = status
+
+    @property
+    def raised(self) -> bool:
+        return self.status == RAISED or self.status >= 1
 
 
 def enabled() -> bool:

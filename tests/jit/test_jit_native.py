@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from jit_helpers import EXAMPLE_DEVICE, VADD_CHILD, VADD_CONSTS, run_child, stats_delta, vadd_reference
 
-from deep_gemm.jit import build, native, stats
+from deep_gemm.jit import KernelRunError, build, native, stats
 from deep_gemm.jit import compile as jit_compile
 from deep_gemm.jit.compile import wait_native_builds
 
@@ -266,3 +266,41 @@ def test_native_load_during_a_concurrent_rebuild_reads_the_new_library(native_va
     monkeypatch.setattr(native, "read_record", read_then_rebuild)
     loaded = native.load(entry, native_vadd.digest)
     assert loaded.path.name == "native-0123456789abcdef.so" and len(calls) == 2
+
+
+@pytest.mark.parametrize("status", [-3, 1])
+def test_failed_native_launch_raises_and_never_reruns_on_written_outputs(native_vadd, status):
+    # A native phase that wrote part of the output and then failed: the launch raises KernelRunError naming the
+    # kernel and the status; numba does not run the launch again over the written output (and success is never
+    # returned, even when numba would run it without raising).
+    def failing_phase(first_core, core_step, *args):
+        args[3][:5] = 7.0
+        raise native.NativeStatus(status)
+
+    native_vadd.native.phases = [failing_phase]
+    native_vadd._call = native_vadd._make_native_call()
+    x = np.arange(50, dtype=np.float32)
+    z = np.zeros(50, np.float32)
+    before = stats()
+    with pytest.raises(KernelRunError, match=f"status {status}") as info:
+        native_vadd(np.zeros(1, np.uint8), x, x, z, 50)
+    assert info.value.kernel == "vadd" and info.value.status == status and "invalid" in str(info.value)
+    assert stats_delta(before).get("native_error") == 1 and "native_fallback" not in stats_delta(before)
+    if status == -3:  # not a raised exception: numba never ran, the output is as the native phase left it
+        assert np.all(z[:5] == 7.0) and np.all(z[5:] == 0.0)
+
+
+def test_native_kernel_that_raised_raises_numbas_exception_chained(native_vadd, monkeypatch):
+    def raising_phase(first_core, core_step, *args):
+        raise native.NativeStatus(1)
+
+    def numba_raises(args):
+        raise ZeroDivisionError("from the numba run")
+
+    native_vadd.native.phases = [raising_phase]
+    native_vadd._call = native_vadd._make_native_call()
+    monkeypatch.setattr(native_vadd, "_numba_call", numba_raises)
+    x = np.arange(50, dtype=np.float32)
+    with pytest.raises(ZeroDivisionError, match="from the numba run") as info:
+        native_vadd(np.zeros(1, np.uint8), x, x, np.zeros(50, np.float32), 50)
+    assert isinstance(info.value.__cause__, KernelRunError) and info.value.__cause__.status == 1
