@@ -429,6 +429,11 @@ def time_shape(runner, case: GemmCase, *, min_repeats: int = 2, max_repeats: int
     else:
         stand_in()
         baseline()
+    # NOTES: a kernel compiled by the warm-up links its native library on a background thread: wait for it, so
+    # the timed calls never overlap the C compiler.
+    from deep_gemm.jit.compile import wait_native_builds
+
+    wait_native_builds()
     ours, theirs = [], []
     stopped_by = "max_repeats"
     while len(ours) < max_repeats:

@@ -123,6 +123,14 @@ class SteadyTiming:
         return statistics.median(tb / ta if ta > 0 else float("inf") for tb, ta in pairs)
 
 
+def _wait_native_builds() -> None:
+    """Wait for the native libraries the warm-up's compiles started linking (jit.compile.wait_native_builds).
+    NOTES: the C compiler runs on a background thread after a compile; timing while it runs would measure it too."""
+    from deep_gemm.jit.compile import wait_native_builds
+
+    wait_native_builds()
+
+
 def bench_steady(
     fns: Mapping[str, Callable[[], object]],
     num_blocks: int = 5,
@@ -132,7 +140,8 @@ def bench_steady(
     """Time several libraries solving the same problem, each in its own steady state (see ``STEADY_PROTOCOL``).
 
     ``fns`` maps a library's name to a zero-argument call of it. First ``num_warmups`` untimed calls of each
-    library (compiles, JIT traces, first-touch allocations); then ``num_blocks`` rounds. In round r the libraries
+    library (compiles, JIT traces, first-touch allocations), and a wait for the native libraries those compiles
+    started linking in the background; then ``num_blocks`` rounds. In round r the libraries
     run in their given order rotated by r, each as one block: 1 discarded call, then ``calls_per_block`` timed
     back-to-back calls whose mean is the block's figure. Returns every block figure (seconds per call).
     """
@@ -149,6 +158,7 @@ def bench_steady(
     for name in names:
         for _ in range(num_warmups):
             fns[name]()
+    _wait_native_builds()
     blocks: dict[str, list[float]] = {name: [] for name in names}
     for r in range(num_blocks):
         shift = r % len(names)

@@ -237,6 +237,9 @@ def test_repeats_stop_on_spread_budget_or_max(monkeypatch, rng, ours, theirs, kw
 def test_light_warmup_replaces_the_untimed_run_of_long_shapes(monkeypatch, rng, light):
     _scripted_timer(monkeypatch, [5.0], [7.0])
     runner = _sweep_cpu.NumpyRunner()
+    waits = []  # (runs, builds) when time_shape waits for background native links: after the warm-up, untimed
+    monkeypatch.setattr("deep_gemm.jit.compile.wait_native_builds",
+                        lambda: waits.append((len(runner.calls), len(runner.builds))))
     case = _sweep_cpu.make_case("bf16", 300, 16, 32, rng)
     case.d[...] = 1.0
     gflop = 2 * 300 * 16 * 32 / 1e9
@@ -246,6 +249,7 @@ def test_light_warmup_replaces_the_untimed_run_of_long_shapes(monkeypatch, rng, 
     # light: the kernel built in the process, no untimed run; else one untimed run before the timed one
     assert runner.builds == ([("bf16", 300, 16, 32)] if light else [])
     assert runner.calls == [("bf16", 300, 16, 32)] * (1 if light else 2)
+    assert waits == ([(0, 1)] if light else [(1, 0)])
     task = ("bf16", 4096, 4096, 4096)
     rates = _sweep_plan.DEFAULT_RATES_GFLOPS
     full = _sweep_plan.shape_seconds(task, rates, min_repeats=1, max_repeats=10, target_s=0.5)

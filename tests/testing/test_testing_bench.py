@@ -139,3 +139,12 @@ def test_steady_speedup_over_the_best_peer_per_round():
     assert timing.speedup("us", over="np") == 4.0 and timing.speedup("us", over=["jax"]) == 3.0
     with pytest.raises(ValueError, match="over"):
         timing.speedup("us", over=())
+
+
+def test_bench_steady_waits_for_background_native_links_after_warmup(monkeypatch):
+    # A warm-up compile starts its native library's C link on a background thread: the timed blocks come after it.
+    log = []
+    monkeypatch.setattr("deep_gemm.jit.compile.wait_native_builds", lambda: log.append("wait"))
+    bench_steady({"a": lambda: log.append("a"), "b": lambda: log.append("b")}, num_blocks=1, calls_per_block=1,
+                 num_warmups=2)
+    assert log[:5] == ["a", "a", "b", "b", "wait"] and log.count("wait") == 1 and len(log) == 9
