@@ -481,6 +481,17 @@ def wait_native_builds(timeout: float | None = None) -> None:
 _atexit_registered = False
 
 
+def _reset_native_builds_after_fork() -> None:
+    """In a forked child: the parent's build threads do not exist there (nor does a holder of _native_lock)."""
+    global _native_lock
+    _native_lock = threading.Lock()
+    _native_builds.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_native_builds_after_fork)
+
+
 @contextlib.contextmanager
 def _interrupts_seen():
     """Yield a list that receives the KeyboardInterrupt of any SIGINT handled while the block runs.

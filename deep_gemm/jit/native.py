@@ -569,6 +569,19 @@ def _undefined(objects: list[Path]) -> set[str]:
 _build_lock = threading.Lock()
 
 
+def _reset_after_fork() -> None:
+    """In a forked child: fresh locks (a build or load running in another thread of the parent held them, and that
+    thread does not exist in the child) and a private load directory of its own."""
+    global _build_lock, _load_lock, _load_dir
+    _build_lock = threading.Lock()
+    _load_lock = threading.Lock()
+    _load_dir = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
+
+
 class NativeBuild:
     """What build() links, gathered from numba on the compiling thread (object code of each phase, trampolines);
     ``run()`` then needs no numba and may run on another thread (the C compiler runs outside the GIL)."""

@@ -304,3 +304,22 @@ def test_native_kernel_that_raised_raises_numbas_exception_chained(native_vadd, 
     with pytest.raises(ZeroDivisionError, match="from the numba run") as info:
         native_vadd(np.zeros(1, np.uint8), x, x, np.zeros(50, np.float32), 50)
     assert isinstance(info.value.__cause__, KernelRunError) and info.value.__cause__.status == 1
+
+
+def test_forked_child_does_not_inherit_held_native_build_locks():
+    # A fork while a native build runs (its thread holding the locks) must not leave the child's builds blocked.
+    with native._build_lock, jit_compile._native_lock:
+        jit_compile._native_builds.append(threading.current_thread())
+        try:
+            pid = os.fork()
+            if pid == 0:  # the child: only os._exit, whatever happens
+                ok = False
+                try:
+                    ok = (native._build_lock.acquire(timeout=2) and jit_compile._native_lock.acquire(timeout=2)
+                          and jit_compile._native_builds == [] and native._load_dir is None)
+                finally:
+                    os._exit(0 if ok else 1)
+            _, status = os.waitpid(pid, 0)
+        finally:
+            jit_compile._native_builds.remove(threading.current_thread())
+    assert os.waitstatus_to_exitcode(status) == 0
