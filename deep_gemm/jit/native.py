@@ -13,7 +13,6 @@ directory, removed once loaded). Knows nothing of GEMM.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import functools
@@ -420,46 +419,32 @@ def _load(entry: Path, digest: str) -> NativeKernel:
         raise NativeUnavailable(f"{name} does not provide what {NATIVE_JSON} lists ({e})", "damaged") from e
 
 
-_load_dir: Path | None = None
 _load_count = itertools.count()
-_load_lock = threading.Lock()
-
-
-def _private_dir() -> Path:
-    """This process's private (0700) directory that verified libraries are loaded from; made once."""
-    global _load_dir
-    with _load_lock:
-        if _load_dir is None or not _load_dir.is_dir():
-            _load_dir = Path(tempfile.mkdtemp(prefix="deep_gemm-load-"))
-            atexit.register(_remove_private_dir, _load_dir, os.getpid())
-        return _load_dir
-
-
-def _remove_private_dir(path: Path, pid: int) -> None:
-    if os.getpid() == pid:  # not in a forked child that exits through atexit
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _dlopen_bytes(data: bytes, path: Path) -> ctypes.CDLL:
-    """dlopen exactly ``data`` (already verified): written to a new file in a private directory, loaded, and removed
-    (the loaded mapping stays; no descriptor is kept). Raises NativeUnavailable(..., "unavailable") when any step
-    fails: the kernel then runs through numba, and the entry is not reported as damaged."""
+    """dlopen exactly ``data`` (already verified): written to a new file in a new private (0700) temporary directory,
+    loaded, and both removed (the loaded mapping stays; no descriptor is kept, nothing is left behind). Raises
+    NativeUnavailable(..., "unavailable") when any step fails: the kernel then runs through numba, and the entry is
+    not reported as damaged."""
     # NOTES: the file cannot change between its check and its use (the directory is this process's, 0700); every
-    # load uses a name never used before (pid, counter, random part), since the dynamic loader hands back an already
-    # loaded library opened under the same name instead of reading the new file.
+    # load uses a file name never used before (pid, counter, random part), since the dynamic loader hands back an
+    # already loaded library opened under the same path instead of reading the new file. A directory per load, not
+    # one per process: a process killed by a signal (no atexit) leaves nothing in the temporary directory.
     try:
-        target = _private_dir() / f"{os.getpid()}-{next(_load_count)}-{secrets.token_hex(8)}-{path.name}"
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o500)
+        tmp = Path(tempfile.mkdtemp(prefix="deep_gemm-load-"))
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        try:
+            target = tmp / f"{os.getpid()}-{next(_load_count)}-{secrets.token_hex(8)}-{path.name}"
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o500)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
             return ctypes.CDLL(str(target))
         finally:
-            target.unlink()
+            shutil.rmtree(tmp, ignore_errors=True)
     except OSError as e:
         raise NativeUnavailable(f"{path.name} does not load here ({type(e).__name__}: {e})", "unavailable") from e
 
@@ -570,12 +555,10 @@ _build_lock = threading.Lock()
 
 
 def _reset_after_fork() -> None:
-    """In a forked child: fresh locks (a build or load running in another thread of the parent held them, and that
-    thread does not exist in the child) and a private load directory of its own."""
-    global _build_lock, _load_lock, _load_dir
+    """In a forked child: a fresh build lock (a build running in another thread of the parent held it, and that
+    thread does not exist in the child)."""
+    global _build_lock
     _build_lock = threading.Lock()
-    _load_lock = threading.Lock()
-    _load_dir = None
 
 
 if hasattr(os, "register_at_fork"):

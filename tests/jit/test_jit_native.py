@@ -215,19 +215,20 @@ def test_native_runtime_frees_reused_blocks_at_thread_exit(native_vadd):
     assert grown < 200 << 20, f"RSS grew by {grown >> 20} MB after 20 threads each freed 32 MB"
 
 
-def test_loading_native_libraries_keeps_no_descriptor_open(native_vadd):
-    native.load(native_vadd.path, native_vadd.digest)  # the private load directory exists from here on
+def test_loading_native_libraries_keeps_no_descriptor_open_and_leaves_no_file(native_vadd, tmp_path, monkeypatch):
+    monkeypatch.setattr(native.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    native.load(native_vadd.path, native_vadd.digest)
     before = len(os.listdir("/proc/self/fd"))
     kernels = [native.load(native_vadd.path, native_vadd.digest) for _ in range(5)]
     assert len(os.listdir("/proc/self/fd")) == before
-    assert len({id(k.handle) for k in kernels}) == 5 and not any(native._private_dir().iterdir())
+    assert len({id(k.handle) for k in kernels}) == 5 and not any((tmp_path / "tmp").iterdir())
 
 
 def test_native_library_that_cannot_be_loaded_here_is_not_reported_damaged(native_vadd, monkeypatch):
     def no_space(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(native, "_load_dir", None)
     monkeypatch.setattr(native.tempfile, "mkdtemp", no_space)
     with pytest.raises(native.NativeUnavailable) as info:
         native.load(native_vadd.path, native_vadd.digest)
@@ -316,7 +317,7 @@ def test_forked_child_does_not_inherit_held_native_build_locks():
                 ok = False
                 try:
                     ok = (native._build_lock.acquire(timeout=2) and jit_compile._native_lock.acquire(timeout=2)
-                          and jit_compile._native_builds == [] and native._load_dir is None)
+                          and jit_compile._native_builds == [])
                 finally:
                     os._exit(0 if ok else 1)
             _, status = os.waitpid(pid, 0)
