@@ -101,8 +101,11 @@ def test_deadlocking_example_reports_instead_of_hanging(rng, cores):
     text = str(err)
     assert "mixed_deadlock" in text and "AIC" in text and "CrossCoreWaitFlag(2)" in text
     assert err.where and err.where.startswith("lib/mixed.asc.j2:") and err.where in text  # the template line too
+    # the AIC's wait for a FREE flag: in the hand-off (a core with tiles) or in the drain after its loop (a core
+    # without tiles, most of them at 32 cores); which core's thread reports first is up to the OS scheduler
     source = (err_path := _kernel_asc("mixed_deadlock")).read_text().splitlines()
-    assert "CrossCoreWaitFlag(FREE_FLAG + ub_stage)" in source[err.line - 1], err_path
+    assert source[err.line - 1].strip() in ("CrossCoreWaitFlag(FREE_FLAG + ub_stage);",
+                                           "CrossCoreWaitFlag(FREE_FLAG + s);"), err_path
 
 
 def _kernel_asc(name):
