@@ -25,6 +25,9 @@ PAGE_SIZES = (64, 128)
 # NOTES: the MAD's rows (query rows x heads) are capped by L0C (two [rows, block_kv] fp32 slots in 256 KiB) and by
 # one AIV's UB (two fp32 [rows, block_kv / 2] stages plus the operator's buffers).
 MAX_MAD_ROWS = 128
+# Rows of the AIVs' key-scale tile (lib/mqa.asc.j2 SC_ROWS: the per-key fp32 scales repeated per row, so one Mul
+# scales SC_ROWS rows of the tile; a Mul per row cost more in call overhead than in arithmetic on the CPU).
+MQA_SCALE_ROWS = 32
 # Vector passes per element of the AIV operator (lib/mqa.asc.j2): the per-key scale (Mul, CUDA's fp32 scale form
 # only), the ReLU, and per head one Axpy (a multiply and an add); the bf16 cast is per query row, not per head.
 MQA_VECTOR_OPS = {"relu": 1, "axpy": 2, "token_scale": 1}
@@ -103,8 +106,8 @@ def config_violations(desc: MqaDesc, c: MqaConfig, arch: ArchSpec) -> list[str]:
     if l1 > arch.l1_bytes:
         out.append(f"L1 needs {l1} B > {arch.l1_bytes} B")
     half = c.block_kv // 2
-    ub = c.num_ub_stages * mad_m * half * 4 + half * 4 + c.block_q * desc.num_heads * 4 + c.block_q * half * 6 \
-        + half * 2
+    ub = c.num_ub_stages * mad_m * half * 4 + MQA_SCALE_ROWS * half * 4 + c.block_q * desc.num_heads * 4 \
+        + c.block_q * half * 6 + half * 2
     if ub > arch.ub_bytes:
         out.append(f"UB needs {ub} B > {arch.ub_bytes} B")
     return out

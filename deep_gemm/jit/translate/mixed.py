@@ -278,9 +278,15 @@ class MixedKernels:
             self.emit("@njit(nogil=True, cache=True)", node)
             self.emit(f"def {entry}({', '.join(['_first_core', '_core_step', *params])}):", node)
             self.indent += 1
+            core_args = ["_block_idx", *args]
+            if self.is_mixed:
+                # NOTES: one cross-core state per launch part, reused (zeroed) by each of its cores: a fresh UB per
+                # core (2 x UB_BYTES, above glibc's mmap threshold) page-faulted in every call, ~0.3 ms per core.
+                self.emit(f"{CROSS} = new_cross_state({self.ub_bytes()})", node)
+                core_args = ["_block_idx", CROSS, *args]
             self.emit("for _block_idx in range(_first_core, NUM_AI_CORES, _core_step):", node)
             self.indent += 1
-            self.emit(f"_{sig.name}_core{suffix}({', '.join(['_block_idx', *args])})", node)
+            self.emit(f"_{sig.name}_core{suffix}({', '.join(core_args)})", node)
             self.indent -= 2
         self.phase_entries = phase_names
         self.emit("", None)
@@ -291,7 +297,11 @@ class MixedKernels:
             suffix = f"_p{index}" if len(self.phases) > 1 else ""
             self.emit(f"for _block_idx in prange(NUM_AI_CORES):  # phase {index}", node)
             self.indent += 1
-            self.emit(f"_{sig.name}_core{suffix}({', '.join(['np.int64(_block_idx)', *args])})", node)
+            core_args = ["np.int64(_block_idx)", *args]
+            if self.is_mixed:
+                self.emit(f"{CROSS} = new_cross_state({self.ub_bytes()})", node)
+                core_args = ["np.int64(_block_idx)", CROSS, *args]
+            self.emit(f"_{sig.name}_core{suffix}({', '.join(core_args)})", node)
             self.indent -= 1
         self.indent -= 1
 
@@ -333,14 +343,21 @@ class MixedKernels:
         self.emit("yield 0", node)
         self.indent -= 1
 
+    def ub_bytes(self) -> int:
+        """One AIV's UB bytes: the kernel's UB_BYTES constant, else the default."""
+        return int(self.module_values.get("UB_BYTES", DEFAULT_UB_BYTES))
+
     def emit_scheduler(self, sig, node: Node, suffix: str, params: list[str]) -> None:
-        ub_bytes = int(self.module_values.get("UB_BYTES", DEFAULT_UB_BYTES))
         self.emit("", None)
         self.emit("@njit(cache=True)", node)
-        self.emit(f"def _{sig.name}_core{suffix}({', '.join(['_block_idx', *params])}):", node)
+        self.emit(f"def _{sig.name}_core{suffix}({', '.join(['_block_idx', CROSS, *params])}):", node)
         self.indent += 1
-        self.emit("# The AIC and the two AIVs of this core: generators resumed round-robin until all finish", None)
-        self.emit(f"_dg_xflags, _dg_xlines, _dg_xinfo, _dg_ub = new_cross_state({ub_bytes})", node)
+        self.emit("# The AIC and the two AIVs of this core: generators resumed round-robin until all finish. The",
+                  None)
+        self.emit("# cross-core state (flags, UB) comes from the launch loop, zeroed here: each core starts afresh",
+                  None)
+        for name in CROSS.split(", "):
+            self.emit(f"{name}[:] = 0", node)
         for s in range(3):
             self.emit(f"_dg_pe{s}, _dg_chk{s} = new_check_state()", node)
         for s in range(3):
