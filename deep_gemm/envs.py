@@ -78,6 +78,11 @@ DG_JIT_NATIVE = _declare(
     "Keep native code in the kernel cache (numba's machine code linked with the C compiler into native-*.so) and "
     "run cached kernels from it without importing numba (0: always the numba path)",
 )
+DG_CUBE_AMX = _declare(
+    "DG_CUBE_AMX", bool, True,
+    "Run the Cube on the CPU's AMX tile unit (bf16 tiles, fp32 accumulation) when both operands are exact in bf16 "
+    "(BF16, FP8, FP4) and the CPU and kernel offer AMX-BF16 (0: the fp32 FMA micro-kernel everywhere)",
+)
 DG_SYNC_CHECK = _declare(
     "DG_SYNC_CHECK", bool, False,
     "Synchronisation checker: kernels record every SetFlag/WaitFlag/PipeBarrier and cross-core flag and raise "

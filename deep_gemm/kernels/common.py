@@ -123,7 +123,7 @@ def gemm_constants(desc: GemmDesc, config: GemmConfig, compiled_dims: str, resid
     constants.update(
         MAJOR_A=desc.major_a, MAJOR_B=desc.major_b, A_DTYPE=desc.a_dtype, B_DTYPE=desc.b_dtype,
         OUT_DTYPE=desc.out_dtype, WITH_ACCUMULATION=desc.with_accumulation, RESIDENT_A=resident_a,
-        GEMM_TYPE=desc.gemm_type,
+        GEMM_TYPE=desc.gemm_type, CUBE_L0_BF16=cube_l0_bf16(desc.a_dtype, desc.b_dtype),
     )
     return constants
 
@@ -143,6 +143,19 @@ def gemm_template_constants(desc: GemmDesc, config: GemmConfig, arch: ArchSpec, 
 
         constants.update(NUM_UB_STAGES=EPILOGUE_UB_STAGES, UB_BYTES=arch.ub_bytes)
     return constants
+
+
+# Operand dtypes whose every value (times a power-of-two scale) is exact in bf16: the Cube may run them on bf16 L0.
+BF16_EXACT_DTYPES = ("bf16", "fp8", "fp4")
+
+
+def cube_l0_bf16(*operand_dtypes: str) -> bool:
+    """Whether a kernel built now keeps these operands in bf16 L0 buffers and runs its Mmads on the host's AMX tile
+    unit: every operand exact in bf16 and jit.amx.enabled() (which asks the OS for the tile state, so a kernel
+    rendered with it never runs in a process without that permission)."""
+    from ..jit import amx
+
+    return all(d in BF16_EXACT_DTYPES for d in operand_dtypes) and amx.enabled()
 
 
 def _select_config(desc: GemmDesc, arch: ArchSpec) -> GemmConfig:

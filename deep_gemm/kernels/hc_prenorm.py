@@ -24,6 +24,7 @@ def _template_constants(desc: HcPrenormDesc, config: HcPrenormConfig, arch: Arch
         SHAPE_M=0, SHAPE_N=desc.n, SHAPE_K=desc.k, MAJOR_A="k", MAJOR_B="k", A_DTYPE="bf16", B_DTYPE="tf32",
         OUT_DTYPE="fp32", WITH_ACCUMULATION=False, RESIDENT_A=False, GEMM_TYPE="normal", PATH="cube",
         NUM_L0_STAGES=2, NUM_L0C_STAGES=2, SWIZZLE_GROUP_M=1, MAD_K=config.mad_k, UB_BYTES=arch.ub_bytes,
+        CUBE_L0_BF16=False,  # TF32 B is not exact in bf16: fp32 L0 and the FMA micro-kernel
     )
     # NOTES: the chip's buffers, as the GEMM families check theirs (the L0 operands are fp32 on the stand-in and in
     # HF32 on the chip: 4 bytes either way).
