@@ -2,14 +2,16 @@
 functions; a register-tiled fp32 FMA micro-kernel does the work. Not here: GM -> L1 decode (copy.py), FixPipe.
 
 Contract (all ``@njit(cache=True)``, callable from generated kernels; sizes in elements):
-- ``l0a_size(mad_m, mad_k)`` / ``l0b_size(mad_n, mad_k)``: fp32 elements of one L0A / L0B buffer.
+- ``l0a_size(mad_m, mad_k)`` / ``l0b_size(mad_n, mad_k)``: elements of one L0A / L0B buffer (either L0 dtype).
 - ``load_l0a(l0a, l1a, sf_l1a, row0, k0, mad_m, mad_k, with_sf)``: l1a[row0:row0+mad_m, k0:k0+mad_k] (times
-  2^(e-127), e = sf_l1a[row, k // 32], when with_sf) into the contiguous 1-D fp32 buffer l0a. ``load_l0b`` the same
-  for B. Fast path: unit K stride in L1, mad_k a multiple of 8 (with scales also k0 % 8 == 0); else scalar.
-- ``mmad(l0c, l0a, l0b, mad_m, mad_n, mad_k, init)``: l0c[:mad_m, :mad_n] (= if init, else +=) A @ B^T, one fp32
-  FMA chain per element along K. Any mad_m works at full speed from 4 rows up, so the small-M "stream" path uses
-  the same call (mad_m = 16 runs as 6 + 6 + 4-row tiles; each B panel chunk comes from memory once).
-The L0 layouts are private (only these functions read or write them):
+  2^(e-127), e = sf_l1a[row, k // 32], when with_sf) into the contiguous 1-D buffer l0a: fp32, or uint16 bf16 bits
+  (the AMX path below; the values must be exact in bf16). ``load_l0b`` the same for B. Fast path: unit K stride
+  in L1, mad_k a multiple of 8 (with scales also k0 % 8 == 0); else scalar.
+- ``mmad(l0c, l0a, l0b, mad_m, mad_n, mad_k, init)``: l0c[:mad_m, :mad_n] (= if init, else +=) A @ B^T. fp32 L0:
+  one fp32 FMA chain per element along K. Any mad_m works at full speed from 4 rows up, so the small-M "stream"
+  path uses the same call (mad_m = 16 runs as 6 + 6 + 4-row tiles; each B panel chunk comes from memory once).
+  bf16 L0: TDPBF16PS on the host's AMX unit, fp32 accumulation in 32-K steps (see "The AMX path").
+The fp32 L0 layouts are private (only these functions read or write them):
 - L0A: rows x K, [mad_m][mad_k] (a scaled copy; the micro-kernel broadcasts A from it).
 - L0B: K-major panels of NR rows (16 on AVX2, the Cube fractal's width), [ceil(mad_n / NR)][mad_k][NR], rows past
   mad_n zero. Packing transposes 8 rows x 16 (or 8) K columns in registers.
@@ -962,9 +964,10 @@ def mmad(l0c, l0a, l0b, mad_m, mad_n, mad_k, init):
 
     l0c: fp32 2-D [>= mad_m, >= mad_n] (any strides; a view is fine); l0a / l0b: contiguous buffers filled by
     load_l0a / load_l0b with the same mad sizes. Any mad_m >= 1 runs at full speed from 4 rows up (small-M / stream
-    path included: each B panel chunk is read from memory once and from L1 by every row tile). Each C element is one
-    fp32 FMA chain along K, so results do not depend on tiling, threads or core count. With init, L0C is written
-    without being read.
+    path included: each B panel chunk is read from memory once and from L1 by every row tile). fp32 L0: each C
+    element is one fp32 FMA chain along K; bf16 (uint16) L0: TDPBF16PS over 32-K steps from k = 0 (the AMX path).
+    Either way results do not depend on tiling, threads or core count. With init, L0C is written without being
+    read.
     """
     if mad_m < 0 or mad_n < 0 or mad_k < 0:
         raise ValueError("mmad: negative tile size")

@@ -113,9 +113,13 @@ def compiled_shape(compiled_dims: str, m: int, n: int, k: int) -> dict[str, int]
             "SHAPE_K": k if "k" in compiled_dims else 0}
 
 
-def gemm_constants(desc: GemmDesc, config: GemmConfig, compiled_dims: str, resident_a: bool) -> dict[str, object]:
+def gemm_constants(desc: GemmDesc, config: GemmConfig, compiled_dims: str, resident_a: bool,
+                   l0_bf16: bool | None = None) -> dict[str, object]:
     """Every template constant of a GEMM kernel: the config's (BLOCK_M ... PATH), the compiled shape, the majors,
-    the dtypes, the epilogue mode, the stream path's resident-A flag and the schedule (GEMM_TYPE)."""
+    the dtypes, the epilogue mode, the stream path's resident-A flag, the schedule (GEMM_TYPE) and the L0 type
+    (CUBE_L0_BF16: cube_l0_bf16() unless given)."""
+    if l0_bf16 is None:
+        l0_bf16 = cube_l0_bf16(desc.a_dtype, desc.b_dtype)
     if desc.gemm_type not in KERNEL_GEMM_TYPES:
         raise ValueError(f"gemm_type={desc.gemm_type!r} has no kernel schedule; allowed: {KERNEL_GEMM_TYPES}")
     constants = config.template_constants()
@@ -123,13 +127,13 @@ def gemm_constants(desc: GemmDesc, config: GemmConfig, compiled_dims: str, resid
     constants.update(
         MAJOR_A=desc.major_a, MAJOR_B=desc.major_b, A_DTYPE=desc.a_dtype, B_DTYPE=desc.b_dtype,
         OUT_DTYPE=desc.out_dtype, WITH_ACCUMULATION=desc.with_accumulation, RESIDENT_A=resident_a,
-        GEMM_TYPE=desc.gemm_type, CUBE_L0_BF16=cube_l0_bf16(desc.a_dtype, desc.b_dtype),
+        GEMM_TYPE=desc.gemm_type, CUBE_L0_BF16=l0_bf16,
     )
     return constants
 
 
 def gemm_template_constants(desc: GemmDesc, config: GemmConfig, arch: ArchSpec, *,
-                            compiled_dims: str) -> dict[str, object]:
+                            compiled_dims: str, cube_l0_bf16: bool | None = None) -> dict[str, object]:
     """A GEMM family's template constants (KernelFamily.template_constants): decides the resident-A panel and checks
     the config against the chip's buffers first. Raises device.BufferCapacityError for a config the chip could not
     hold (the analogue of the real kernel's static_asserts)."""
@@ -137,7 +141,7 @@ def gemm_template_constants(desc: GemmDesc, config: GemmConfig, arch: ArchSpec, 
 
     resident_a = keeps_a_resident(desc, config, arch, k_is_compiled="k" in compiled_dims)
     check_buffer_capacity(desc, config, arch, resident_a=resident_a)
-    constants = gemm_constants(desc, config, compiled_dims, resident_a)
+    constants = gemm_constants(desc, config, compiled_dims, resident_a, cube_l0_bf16)
     if desc.out_dtype == "fp8":  # the FP8Quantization epilogue: a mixed kernel; the AIVs' UB stages and size
         from ..heuristics.config import EPILOGUE_UB_STAGES
 
@@ -188,14 +192,16 @@ def prepare_gemm(family: KernelFamily, m: int, n: int, k: int, a_dtype: str, b_d
     num_ai_cores, arch = current_target()
     # NOTES: DG_SYNC_CHECK builds other kernels (the checker's): part of the key, and an option of the build.
     sync_check = envs.DG_SYNC_CHECK.get()
+    # NOTES: and whether the Cube runs on bf16 L0 (DG_CUBE_AMX may change between calls): another kernel.
     key = (m, n, k, a_dtype, b_dtype, out_dtype, major_a, major_b, with_accumulation, compiled_dims, num_ai_cores,
-           arch.name, config, gemm_type, num_groups, sync_check)
+           arch.name, config, gemm_type, num_groups, sync_check, cube_l0_bf16(a_dtype, b_dtype))
     prepared = family.lookup(key)
     if prepared is None:
         desc = GemmDesc(m=m, n=n, k=k, a_dtype=a_dtype, b_dtype=b_dtype, out_dtype=out_dtype, major_a=major_a,
                         major_b=major_b, with_accumulation=with_accumulation, num_ai_cores=num_ai_cores,
                         gemm_type=gemm_type, num_groups=num_groups)
-        prepared = family.prepare(desc, arch=arch, config=config, options={"compiled_dims": compiled_dims},
+        prepared = family.prepare(desc, arch=arch, config=config,
+                                  options={"compiled_dims": compiled_dims, "cube_l0_bf16": key[-1]},
                                   memo_key=key, sync_check=sync_check)
     return prepared
 

@@ -10,7 +10,7 @@ import numpy as np
 from .. import envs
 from ..heuristics.arch import ArchSpec
 from ..heuristics.mqa import MQA_SCALE_ROWS, MqaConfig, MqaDesc, config_violations, get_best_mqa_config
-from .common import current_target, gm_view
+from .common import cube_l0_bf16, current_target, gm_view
 from .family import KernelFamily, PreparedKernel
 
 # NOTES: a 1-element stand-in for absent scale tensors (the kernels read them only when their flag is set).
@@ -18,13 +18,14 @@ _NO_SF = np.zeros(1, np.int16)
 _NO_SCALE = np.ones(1, np.float32)
 
 
-def _template_constants(desc: MqaDesc, config: MqaConfig, arch: ArchSpec) -> dict[str, object]:
+def _template_constants(desc: MqaDesc, config: MqaConfig, arch: ArchSpec,
+                        cube_l0_bf16: bool = False) -> dict[str, object]:
     problems = config_violations(desc, config, arch)
     if problems:
         raise ValueError(f"MQA-logits config {config} does not fit arch {arch.name}: {'; '.join(problems)}")
     constants = config.template_constants()
     constants.update(Q_DTYPE=desc.q_dtype, KV_DTYPE=desc.kv_dtype, NUM_AI_CORES=desc.num_ai_cores,
-                     UB_BYTES=arch.ub_bytes, SC_ROWS=MQA_SCALE_ROWS)
+                     UB_BYTES=arch.ub_bytes, SC_ROWS=MQA_SCALE_ROWS, CUBE_L0_BF16=cube_l0_bf16)
     return constants
 
 
@@ -39,13 +40,16 @@ def prepare_mqa(num_heads: int, head_dim: int, q_dtype: str, kv_dtype: str, next
     num_ai_cores, arch = current_target()
     family = PAGED_MQA_LOGITS if next_n else MQA_LOGITS
     sync_check = envs.DG_SYNC_CHECK.get()
-    key = (num_heads, head_dim, q_dtype, kv_dtype, next_n, num_ai_cores, arch.name, config, sync_check)
+    # NOTES: FP8 and FP4 q / kv are exact in bf16: the Cube may run on bf16 L0 (part of the key, as for the GEMMs).
+    l0_bf16 = cube_l0_bf16(q_dtype, kv_dtype)
+    key = (num_heads, head_dim, q_dtype, kv_dtype, next_n, num_ai_cores, arch.name, config, sync_check, l0_bf16)
     prepared = family.lookup(key)
     if prepared is None:
         # NOTES: the paged kernel's layout is a runtime flag; the desc's layout field only feeds the cost model.
         desc = MqaDesc(num_heads=num_heads, head_dim=head_dim, q_dtype=q_dtype, kv_dtype=kv_dtype,
                        num_ai_cores=num_ai_cores, next_n=next_n)
-        prepared = family.prepare(desc, arch=arch, config=config, memo_key=key, sync_check=sync_check)
+        prepared = family.prepare(desc, arch=arch, config=config, options={"cube_l0_bf16": l0_bf16}, memo_key=key,
+                                  sync_check=sync_check)
     return prepared
 
 

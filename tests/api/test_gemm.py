@@ -179,6 +179,35 @@ def test_core_count_changes_kernel_not_result(rng):
     assert all(np.array_equal(results[0], r) for r in results[1:])
 
 
+@pytest.mark.parametrize("kind", ["fp8", "bf16"])
+def test_amx_and_fma_cubes_agree(rng, monkeypatch, kind):
+    # The Cube's two engines: bf16 L0 on the AMX tile unit (the default where the host has it) and fp32 L0 on the
+    # FMA micro-kernel (DG_CUBE_AMX=0, and every host without AMX). Each kernel states its L0 type; both meet the
+    # reference; the switch takes effect between calls of one process.
+    from deep_gemm.jit import amx
+    from deep_gemm.kernels.bf16_gemm import BF16_GEMM
+    from deep_gemm.kernels.fp8_gemm import FP8_GEMM
+
+    m, n, k = 65, 48, 320
+    if kind == "fp8":
+        a, a_ref = _operand(rng, "fp8", m, k, "k")
+        b, b_ref = _operand(rng, "fp8", n, k, "k")
+        run, family = deep_gemm.fp8_gemm_nt, FP8_GEMM
+    else:
+        a, b = bf16_operand(rng, m, k), bf16_operand(rng, n, k)
+        a_ref, b_ref = a, b
+        run, family = deep_gemm.bf16_gemm_nt, BF16_GEMM
+    ref = reference_gemm(a_ref, b_ref)
+    for flag in ("1", "0"):
+        monkeypatch.setenv("DG_CUBE_AMX", flag)
+        d = _garbage(rng, (m, n), np.float32)
+        run(a, b, d)
+        assert calc_diff(d, ref) < (TOL[("fp8", "fp8")] if kind == "fp8" else TOL["bf16"])
+    l0_types = {p.constants["CUBE_L0_BF16"] for p in family._prepared.values()
+                if (p.desc.m, p.desc.n, p.desc.k) == (m, n, k)}
+    assert l0_types == ({True, False} if amx.supported() else {False})
+
+
 def test_deterministic_across_calls_and_threads(rng):
     import numba
 

@@ -1,6 +1,6 @@
 """The Cube stand-in (deep_gemm.device.cube) against numpy: L1 -> L0 loads with UE8M0 scales, Mmad (init and
 accumulate, every row-tile size, partial panels, strided L0C), and the micro-kernel's machine code (full-width FMAs,
-no spills in the K loop)."""
+no spills in the K loop); the same for the AMX path (bf16 L0 layouts, TDPBF16PS in the loop), where the host has it."""
 
 from __future__ import annotations
 
@@ -237,3 +237,144 @@ def test_microkernel_compiles_to_full_width_fma_without_spills():
         assert not narrow, f"narrower FMAs in the hot loop: {narrow[:3]}"
         spills = [i for i in block if "(%rsp)" in i and "%" + reg in i]
         assert not spills, f"vector register spills in the hot loop: {spills[:3]}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The AMX path: bf16 (uint16) L0 buffers, TDPBF16PS
+# ---------------------------------------------------------------------------------------------------------------
+amx_only = pytest.mark.skipif(not cube.AMX_SUPPORTED, reason="this CPU or kernel offers no AMX-BF16")
+
+
+def _bf16_exact(x):
+    """float32 values exact in bf16 (the high halves of x's bits)."""
+    return (x.astype(np.float32).view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def _l1_operand(rng, rows, cols, kind):
+    """(L1 buffer, its fp64 values): bf16 bits (uint16), FP8 e4m3fn codes (uint8) or bf16-exact fp32."""
+    import ml_dtypes
+
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    if kind == "bf16":
+        v = _bf16_exact(x)
+        return (v.view(np.uint32) >> np.uint32(16)).astype(np.uint16), v.astype(np.float64)
+    if kind == "fp8":
+        codes = x.astype(ml_dtypes.float8_e4m3fn)
+        return codes.view(np.uint8), codes.astype(np.float64)
+    v = _bf16_exact(x)
+    return v, v.astype(np.float64)
+
+
+def _bf16_product(l1a, sfa, l1b, sfb, row0_a, row0_b, k0, mad_m, mad_n, mad_k, with_sf, l0c, init):
+    # All-ones (NaN) bf16 L0 buffers: a slot the loads forget to write would poison the product.
+    l0a = np.full(cube.l0a_size(mad_m, mad_k), 0xFFFF, dtype=np.uint16)
+    l0b = np.full(cube.l0b_size(mad_n, mad_k), 0xFFFF, dtype=np.uint16)
+    cube.load_l0a(l0a, l1a, sfa, row0_a, k0, mad_m, mad_k, with_sf)
+    cube.load_l0b(l0b, l1b, sfb, row0_b, k0, mad_n, mad_k, with_sf)
+    cube.mmad(l0c, l0a, l0b, mad_m, mad_n, mad_k, init)
+    return l0a, l0b
+
+
+@amx_only
+@pytest.mark.parametrize("kind", ["bf16", "fp8", "fp32"])
+@pytest.mark.parametrize("with_sf", [False, True])
+@pytest.mark.parametrize("mad_m, mad_n, mad_k, k0",
+                         [(1, 16, 32, 0), (16, 32, 64, 32), (33, 47, 96, 0), (64, 64, 40, 32), (20, 5, 8, 0)])
+def test_bf16_l0_init_then_accumulate(rng, kind, with_sf, mad_m, mad_n, mad_k, k0):
+    # Full and partial 32 x 32 C blocks, K not a multiple of 32 (zero padding), a K offset into L1, scaled and not,
+    # every L1 kind; L0C wider than the tile and full of NaN outside it (never read by init, never written).
+    extra, block_k = 3, k0 + mad_k + 8
+    l1a, va = _l1_operand(rng, mad_m + extra, block_k, kind)
+    l1b, vb = _l1_operand(rng, mad_n + extra, block_k, kind)
+    sfa = rng.integers(120, 134, size=(mad_m + extra, (block_k + 31) // 32), dtype=np.uint8)
+    sfb = rng.integers(120, 134, size=(mad_n + extra, (block_k + 31) // 32), dtype=np.uint8)
+    l0c = np.full((mad_m + 2, mad_n + 8), np.nan, dtype=np.float32)
+    l0c[mad_m:] = 7.0
+    l0c[:, mad_n:] = 7.0
+    sentinel = l0c.copy()
+    a = _ref_scaled(va, sfa, extra, k0, mad_m, mad_k, with_sf)
+    b = _ref_scaled(vb, sfb, 1, k0, mad_n, mad_k, with_sf)
+    for step in range(2):
+        _bf16_product(l1a, sfa, l1b, sfb, extra, 1, k0, mad_m, mad_n, mad_k, with_sf, l0c, step == 0)
+        np.testing.assert_allclose(l0c[:mad_m, :mad_n], (step + 1) * (a @ b.T), rtol=0,
+                                   atol=_tol(a, b) * (step + 1))
+    np.testing.assert_array_equal(l0c[mad_m:], sentinel[mad_m:])
+    np.testing.assert_array_equal(l0c[:, mad_n:], sentinel[:, mad_n:])
+
+
+@amx_only
+def test_bf16_l0_layouts(rng):
+    # The private layouts, element by element: L0A rows x round_up(K, 32) with zero K padding; L0B 16-row panels of
+    # K pairs, [panel][k // 2][lane][k % 2], zero past mad_n and past mad_k.
+    mad_m, mad_n, mad_k = 5, 20, 40
+    l1a, _ = _l1_operand(rng, mad_m, mad_k, "bf16")
+    l1b, _ = _l1_operand(rng, mad_n, mad_k, "bf16")
+    sf = np.zeros((1, 1), dtype=np.uint8)
+    l0a = np.full(cube.l0a_size(mad_m, mad_k), 0xFFFF, dtype=np.uint16)
+    l0b = np.full(cube.l0b_size(mad_n, mad_k), 0xFFFF, dtype=np.uint16)
+    cube.load_l0a(l0a, l1a, sf, 0, 0, mad_m, mad_k, False)
+    cube.load_l0b(l0b, l1b, sf, 0, 0, mad_n, mad_k, False)
+    kp = 64
+    a = l0a[: mad_m * kp].reshape(mad_m, kp)
+    np.testing.assert_array_equal(a[:, :mad_k], l1a)
+    assert not a[:, mad_k:].any()
+    b = l0b[: 2 * kp * 16].reshape(2, kp // 2, 16, 2)
+    padded = np.zeros((32, kp), dtype=np.uint16)
+    padded[:mad_n, :mad_k] = l1b
+    np.testing.assert_array_equal(b, padded.reshape(2, 16, kp // 2, 2).transpose(0, 2, 1, 3))
+
+
+@amx_only
+def test_bf16_l0_depends_only_on_the_32k_steps(rng):
+    # One Mmad over K = 256 equals four accumulating Mmads of 64 (and two of 128), bit for bit: results depend on
+    # the order of the 32-K steps only, not on how a kernel splits K into MADs, tiles or cores. A column-strided
+    # L0C (the scratch path) gives the same bits too.
+    mad_m, mad_n, k = 40, 48, 256
+    l1a, _ = _l1_operand(rng, mad_m, k, "fp8")
+    l1b, _ = _l1_operand(rng, mad_n, k, "fp8")
+    sfa = rng.integers(120, 134, size=(mad_m, k // 32), dtype=np.uint8)
+    sfb = rng.integers(120, 134, size=(mad_n, k // 32), dtype=np.uint8)
+    outs = []
+    for mad_k in (256, 128, 64):
+        l0c = np.empty((mad_m, mad_n), dtype=np.float32)
+        for k0 in range(0, k, mad_k):
+            _bf16_product(l1a, sfa, l1b, sfb, 0, 0, k0, mad_m, mad_n, mad_k, True, l0c, k0 == 0)
+        outs.append(l0c)
+    wide = np.zeros((mad_m, 2 * mad_n), dtype=np.float32)
+    _bf16_product(l1a, sfa, l1b, sfb, 0, 0, 0, mad_m, mad_n, k, True, wide[:, ::2], True)
+    outs.append(wide[:, ::2])
+    for out in outs[1:]:
+        np.testing.assert_array_equal(out, outs[0])
+    assert not wide[:, 1::2].any()
+
+
+@amx_only
+def test_bf16_l0_bad_arguments_raise():
+    l1 = np.zeros((16, 64), dtype=np.uint16)
+    sf = np.zeros((16, 2), dtype=np.uint8)
+    l0_16 = np.zeros(cube.l0b_size(16, 64), dtype=np.uint16)
+    l0_32 = np.zeros(cube.l0b_size(16, 64), dtype=np.float32)
+    with pytest.raises(ValueError, match="must both be fp32 or both uint16"):
+        cube.mmad(np.zeros((16, 16), np.float32), l0_32, l0_16, 16, 16, 64, True)
+    with pytest.raises(ValueError, match="contiguous"):
+        cube.load_l0a(np.zeros(2 * l0_16.size, np.uint16)[::2], l1, sf, 0, 0, 16, 64, False)
+    with pytest.raises(ValueError, match="fp32 or uint16"):
+        cube.load_l0a(np.zeros(l0_16.size, np.int8), l1, sf, 0, 0, 16, 64, False)
+
+
+@amx_only
+def test_amx_mmad_compiles_to_tile_instructions():
+    from numba import njit, types
+
+    from deep_gemm.device.cube import _amx_block
+
+    # NOTES: a fresh (uncached) compile: numba cannot show asm of code loaded from its cache.
+    fresh = njit(_amx_block.py_func)
+    u16, f32 = types.CPointer(types.uint16), types.CPointer(types.float32)
+    signature = (types.intp, types.intp, types.intp, u16, types.intp, u16, types.intp, f32, types.intp,
+                 types.boolean)
+    fresh.compile(signature)
+    asm = fresh.inspect_asm(signature)
+    assert "tdpbf16ps" in asm and "tileloadd" in asm and "tilestored" in asm
+    hot = [b for b in _loop_blocks(asm) if sum(i.startswith("tdpbf16ps") for i in b) == 4]
+    assert hot, "no loop body with the 2 x 2 block's four TDPBF16PS"
