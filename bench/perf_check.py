@@ -51,6 +51,7 @@ class Options:
     calls: int = 3
     naive: bool = True
     peak: machine.FmaPeak | None = None
+    amx_peak: machine.FmaPeak | None = None  # the AMX-BF16 unit's, where the host has one (the Cube runs there)
     jit_root: Path | None = None
 
 
@@ -129,8 +130,15 @@ def row_bf16(rng, shape, opts: Options) -> list[Result]:
         out.append(Result(f"{label} fraction of the FMA peak", ">= 0.65", opts.peak.fraction(gf), "",
                           opts.peak.fraction(gf) >= 0.65,
                           f"stand-in {gf:.1f} GFLOP/s of {opts.peak.gflops:.1f} measured on {opts.peak.threads} "
-                          f"threads"))
+                          f"threads{_amx_fraction(opts, gf)}"))
     return out
+
+
+def _amx_fraction(opts: Options, gflops: float) -> str:
+    """'; x of the AMX-BF16 peak (...)' when that peak was measured."""
+    if opts.amx_peak is None:
+        return ""
+    return f"; {opts.amx_peak.fraction(gflops):.2f} of the AMX-BF16 peak ({opts.amx_peak.gflops:.1f} GFLOP/s)"
 
 
 def row_fp8(rng, shape, opts: Options, numpy_target: float | None, jax_target: float | None,
@@ -272,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
               f"({opts.peak.gflops_one_thread:.1f} on one, {opts.peak.gflops_per_cpu_second:.1f} per CPU-second of "
               f"a thread; fp32 {opts.peak.vector_bits}-bit FMAs, {machine.NUM_ACCUMULATORS} independent chains "
               f"per thread); fractions below are of the {opts.peak.threads}-thread wall figure")
+        opts.amx_peak = machine.measure_amx_peak(seconds=args.peak_seconds)
+        if opts.amx_peak is not None:
+            print(f"# measured AMX-BF16 peak: {opts.amx_peak.gflops:.1f} GFLOP/s on {opts.amx_peak.threads} threads "
+                  f"({opts.amx_peak.gflops_one_thread:.1f} on one; the Cube's own TDPBF16PS block on L1-resident "
+                  f"tiles): BF16 and FP8 operands run on this unit (DG_CUBE_AMX), so the stand-in may exceed the "
+                  f"FMA peak; the fraction rows also give the fraction of this one")
     print("# (each kernel is compiled or loaded on its first, untimed call)", flush=True)
     rng = np.random.default_rng(0)
     results: list[Result] = []

@@ -211,10 +211,8 @@ def _run_threads(fn, n_iters: int, threads: int, cpu_times: list[float] | None =
     return time.perf_counter() - start
 
 
-def measure_fma_peak(threads: int | None = None, seconds: float = 0.2, repeats: int = 5) -> FmaPeak:
-    """Measure the fp32 FMA peak: every thread runs NUM_ACCUMULATORS independent vector FMA chains for about
-    ``seconds``; the best of ``repeats`` runs (other load only ever lowers it) on ``threads`` threads (default:
-    the CPUs this process may use) and on one thread. Compiles a small numba kernel on first use."""
+def _check_peak_args(threads: int | None, seconds: float, repeats: int) -> int:
+    """The thread count to measure on (default: the CPUs this process may use), after checking the arguments."""
     if threads is None:
         threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -223,10 +221,24 @@ def measure_fma_peak(threads: int | None = None, seconds: float = 0.2, repeats: 
         raise ValueError(f"seconds must be > 0, got seconds={seconds!r}")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got repeats={repeats!r}")
+    return threads
+
+
+def measure_fma_peak(threads: int | None = None, seconds: float = 0.2, repeats: int = 5) -> FmaPeak:
+    """Measure the fp32 FMA peak: every thread runs NUM_ACCUMULATORS independent vector FMA chains for about
+    ``seconds``; the best of ``repeats`` runs (other load only ever lowers it) on ``threads`` threads (default:
+    the CPUs this process may use) and on one thread. Compiles a small numba kernel on first use."""
+    threads = _check_peak_args(threads, seconds, repeats)
     fn, lanes = _build_kernel()
-    flops_per_iter = 2 * lanes * NUM_ACCUMULATORS
+    one, all_threads, per_cpu = _measure_loop(fn, 2 * lanes * NUM_ACCUMULATORS, threads, seconds, repeats)
+    return FmaPeak(all_threads, one, threads, 32 * lanes, per_cpu)
+
+
+def _measure_loop(fn, flops_per_iter: int, threads: int, seconds: float, repeats: int) -> tuple[float, float, float]:
+    """(GFLOP/s on one thread, on ``threads`` threads at once, per CPU-second of a thread) of the nogil loop
+    fn(n_iters, x), best of ``repeats`` runs of about ``seconds`` each."""
     # Calibrate on one thread: grow the loop until it runs for a measurable time, then scale to ``seconds``.
-    n_iters = 1 << 16
+    n_iters = 1 << 10
     while True:
         t = _run_threads(fn, n_iters, 1)
         if t > 0.02 or n_iters > 1 << 34:
@@ -242,4 +254,48 @@ def measure_fma_peak(threads: int | None = None, seconds: float = 0.2, repeats: 
 
     one = best(1)
     per_cpu = flops_per_iter * n_iters / min(t for t in cpu_times if t > 0) / 1e9 if any(cpu_times) else float("nan")
-    return FmaPeak(best(threads) if threads > 1 else one, one, threads, 32 * lanes, per_cpu)
+    return one, best(threads) if threads > 1 else one, per_cpu
+
+
+# The AMX loop: one 2 x 2 block of C tiles over AMX_STEPS 32-K steps per iteration, operands L1-resident.
+AMX_STEPS = 8
+
+
+def _build_amx_kernel():
+    """The njit(nogil) loop ``f(n_iters, x) -> float32`` running the Cube's own AMX block (2 x 2 C tiles, 16 KiB of
+    A and of B, L1-resident) n_iters times; None when the host has no AMX-BF16."""
+    from ..device import cube
+
+    if not cube.AMX_SUPPORTED:
+        return None
+    from numba import njit
+
+    steps, t = AMX_STEPS, cube.AMX_T
+
+    @njit(nogil=True)
+    def amx_loop(n_iters, x):
+        a = np.full(2 * t * steps * cube.AMX_K, 0x3F80, dtype=np.uint16)  # bf16 1.0
+        b = np.full(2 * t * steps * cube.AMX_K, 0x3F80, dtype=np.uint16)
+        c = np.zeros((2 * t, 2 * t), dtype=np.float32)
+        cube._amx_load_config(cube._data_ptr(cube.AMX_CONFIG))
+        for _ in range(n_iters):
+            cube._amx_block(2, 2, steps, cube._data_ptr(a), steps * cube.AMX_K, cube._data_ptr(b),
+                            steps * cube.AMX_K * t, cube._data_ptr(c), 2 * t, False)
+        # every element of C gained 32 * steps per iteration (A = B = 1): the work was done
+        return c[0, 0] * x
+
+    amx_loop(np.intp(1), np.float32(1.0))  # compile
+    return amx_loop
+
+
+def measure_amx_peak(threads: int | None = None, seconds: float = 0.2, repeats: int = 5) -> FmaPeak | None:
+    """Measure the AMX-BF16 tile unit through the Cube's own block (TDPBF16PS, 2 flops per multiply-add, operands
+    in L1): the best of ``repeats`` runs on ``threads`` threads (default: the usable CPUs) and on one, as an
+    FmaPeak (vector_bits 0). None when the host has no AMX-BF16. Compiles a small numba kernel on first use."""
+    threads = _check_peak_args(threads, seconds, repeats)
+    fn = _build_amx_kernel()
+    if fn is None:
+        return None
+    flops = 2 * (2 * 16) * (2 * 16) * 32 * AMX_STEPS
+    one, all_threads, per_cpu = _measure_loop(fn, flops, threads, seconds, repeats)
+    return FmaPeak(all_threads, one, threads, 0, per_cpu)

@@ -51,3 +51,21 @@ def test_describe_machine_names_cpu_isa_and_blas():
     assert "BLAS" in text and "threads" in text
     assert set(machine.isa_features()) == set(machine.ISA_FEATURES)
     assert machine.blas_info() and all("threads" in b for b in machine.blas_info())
+
+
+def test_amx_kernel_runs_every_step_and_peak_arguments():
+    # The AMX loop adds 32 * AMX_STEPS (A = B = 1) to C per iteration: the flops it is credited with are done.
+    from deep_gemm.device import cube
+
+    fn = machine._build_amx_kernel()
+    if not cube.AMX_SUPPORTED:
+        assert fn is None and machine.measure_amx_peak(threads=1, seconds=0.01, repeats=1) is None
+        return
+    for n_iters in (0, 1, 7):
+        assert fn(np.intp(n_iters), np.float32(1.0)) == 32 * machine.AMX_STEPS * n_iters
+    peak = machine.measure_amx_peak(threads=1, seconds=0.01, repeats=1)
+    assert peak.threads == 1 and peak.gflops > 0 and peak.gflops == peak.gflops_one_thread
+    for kwargs, match in ((dict(threads=0), "threads=0"), (dict(seconds=0), "seconds=0"),
+                          (dict(repeats=0), "repeats=0")):
+        with pytest.raises(ValueError, match=match):
+            machine.measure_amx_peak(**kwargs)
