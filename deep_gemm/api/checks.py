@@ -239,3 +239,22 @@ def resolve_recipes(recipe: object, recipe_a: object, recipe_b: object) -> tuple
         if gran_mn & (gran_mn - 1) or gran_mn > 128:
             raise ValueError(f"gran_mn of {name} must be a power of two in [1, 128], got {gran_mn}")
     return ra, rb
+
+
+def rebalance_scales(sfa: np.ndarray, sfb: np.ndarray, k: int, kind_a: str, kind_b: str,
+                     max_shift: int) -> tuple[np.ndarray, np.ndarray, int, bool]:
+    """utils.layout.rebalance_sf_exponents for the Cube the call will run on: (sfa, sfb, out_shift, l0_bf16).
+
+    Where the kernel would keep the operands in bf16 L0 (the AMX Cube, which reads subnormal bf16 as zero), the
+    split must also keep every scaled operand value normal; when no split can (scales near 2^-127), the call runs
+    on the fp32 FMA Cube instead (l0_bf16 False), exact with subnormals. Raises the ValueError of
+    rebalance_sf_exponents when no exact split exists at all."""
+    from ..kernels.common import cube_l0_bf16
+    from ..utils.layout import SubnormalOperandsError, rebalance_sf_exponents
+
+    if cube_l0_bf16(kind_a, kind_b):
+        try:
+            return (*rebalance_sf_exponents(sfa, sfb, k, kind_a, kind_b, max_shift, require_normal=True), True)
+        except SubnormalOperandsError:
+            pass
+    return (*rebalance_sf_exponents(sfa, sfb, k, kind_a, kind_b, max_shift), False)

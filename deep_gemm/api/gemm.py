@@ -15,7 +15,7 @@ import numpy as np
 from .. import runtime
 from ..epilogue import Epilogue, check_epilogue, is_fp8_output
 from ..heuristics.config import GemmConfig
-from ..utils.layout import rebalance_sf_exponents, transform_sf_into_required_layout
+from ..utils.layout import transform_sf_into_required_layout
 from ..utils.math import per_token_cast_to_fp8
 from .checks import (
     Operand,
@@ -26,6 +26,7 @@ from .checks import (
     check_no_alias,
     check_output,
     make_operand,
+    rebalance_scales,
     require_array,
     resolve_recipes,
     transposed,
@@ -203,7 +204,7 @@ def fp8_fp4_gemm_nt(
     # exponents move between A, B and alpha (exact powers of two) until every fp32 step is exact (or Inf as on chip)
     # NOTES: FP8 output quantizes the fp32 tile itself (there is no alpha), so nothing may move onto alpha.
     max_shift = 0 if fp8_out else _max_alpha_shift(alpha_f)
-    sfa, sfb, out_shift = rebalance_sf_exponents(p.sfa, p.sfb, k, op_a.kind, op_b.kind, max_shift)
+    sfa, sfb, out_shift, l0_bf16 = rebalance_scales(p.sfa, p.sfb, k, op_a.kind, op_b.kind, max_shift)
     alpha_f = math.ldexp(alpha_f, out_shift)
 
     # Early return
@@ -217,7 +218,7 @@ def fp8_fp4_gemm_nt(
     return launch_fp8_gemm(
         op_a.gm, op_a.major, op_a.kind, sfa, op_b.gm, op_b.major, op_b.kind, sfb,
         _out_view(d, p.out_kind), m, n, k,
-        with_accumulation=with_acc, alpha=alpha_f, compiled_dims=dims, sfd=sfd,
+        with_accumulation=with_acc, alpha=alpha_f, compiled_dims=dims, sfd=sfd, l0_bf16=l0_bf16,
     )
 
 

@@ -19,7 +19,6 @@ from ..heuristics.config import layout_problem
 from ..kernels.common import GroupedLayout
 from ..utils.formats import bf16_bits_to_fp32, decode_e2m1, decode_e4m3, fp32_to_bf16_bits, unpack_fp4
 from ..utils.layout import (
-    rebalance_sf_exponents,
     transform_k_grouped_sf_into_required_layout,
     transform_sf_into_required_layout,
 )
@@ -33,6 +32,7 @@ from .checks import (
     check_dims,
     check_no_alias,
     contiguous_axis,
+    rebalance_scales,
     require_array,
     resolve_recipes,
 )
@@ -331,7 +331,8 @@ def rebalance_m_grouped_sf(plan: MGroupedPlan) -> None:
     sfb3 = plan.sfb.reshape(num_groups, pairs, n)
     sfb_side = np.ascontiguousarray(sfb3[groups].transpose(1, 0, 2)).reshape(pairs, groups.size * n)
     try:
-        new_a, new_b, shift = rebalance_sf_exponents(sfa_live, sfb_side, plan.k, plan.a_kind, plan.b.kind, max_shift)
+        new_a, new_b, shift, plan.extra["l0_bf16"] = rebalance_scales(sfa_live, sfb_side, plan.k, plan.a_kind,
+                                                                      plan.b.kind, max_shift)
     except ValueError as e:
         # NOTES: the message indexes the side-by-side arrays; name the caller's A row and (group, B row) instead.
         msg = re.sub(r"sfa\[(\d+), ", lambda mt: f"sfa[row {int(rows[int(mt.group(1))])}, ", str(e))
@@ -371,7 +372,8 @@ def _launch(plan: MGroupedPlan):
     from ..kernels.fp8_gemm import launch_fp8_gemm
 
     return launch_fp8_gemm(plan.a_phys, "k", plan.a_kind, plan.sfa, plan.b.phys, plan.b.major, plan.b.kind,
-                           plan.sfb, d, plan.model_m, plan.n, plan.k, **common)
+                           plan.sfb, d, plan.model_m, plan.n, plan.k, l0_bf16=plan.extra.get("l0_bf16", True),
+                           **common)
 
 
 def _values(phys: np.ndarray, kind: str, major: str, mn: int, k: int) -> np.ndarray:
@@ -850,10 +852,10 @@ def _rebalance_k_groups(plan: KGroupedPlan, live: list[int]) -> None:
         k0, kg = int(plan.k_start[g]), int(plan.ks[g])
         sl = slice(k0 // 64, k0 // 64 + ceil_div(kg, 64))
         try:
-            sfa, sfb, shift = rebalance_sf_exponents(plan.sfa[sl], plan.sfb[sl], kg, plan.kind, plan.kind, 126)
+            sfa, sfb, shift, l0_bf16 = rebalance_scales(plan.sfa[sl], plan.sfb[sl], kg, plan.kind, plan.kind, 126)
         except ValueError as e:
             raise ValueError(f"group {g} (K {k0}..{k0 + kg - 1}; its K blocks counted from its start): {e}") from None
-        out[g] = (sfa, sfb, float(np.ldexp(1.0, shift)))
+        out[g] = (sfa, sfb, float(np.ldexp(1.0, shift)), l0_bf16)
     plan.group_sf = out
 
 
@@ -863,11 +865,11 @@ def _k_group_launch(plan: KGroupedPlan, g: int, config) -> None:
     k0, kg = int(plan.k_start[g]), int(plan.ks[g])
     a_g, b_g = plan.group_phys(g, "a"), plan.group_phys(g, "b")
     d_g = plan.d[g]
-    alpha = 1.0
+    alpha, l0_bf16 = 1.0, True
     sfa = sfb = None
     if plan.sfa is not None:
         sl = slice(k0 // 64, k0 // 64 + ceil_div(kg, 64))
-        sfa, sfb, alpha = (plan.group_sf or {}).get(g, (plan.sfa[sl], plan.sfb[sl], 1.0))
+        sfa, sfb, alpha, l0_bf16 = (plan.group_sf or {}).get(g, (plan.sfa[sl], plan.sfb[sl], 1.0, True))
     common = dict(with_accumulation=True, alpha=alpha, compiled_dims=plan.compiled_dims, config=config)
     if plan.kind == "bf16":
         from ..kernels.bf16_gemm import launch_bf16_gemm
@@ -877,7 +879,7 @@ def _k_group_launch(plan: KGroupedPlan, g: int, config) -> None:
     from ..kernels.fp8_gemm import launch_fp8_gemm
 
     launch_fp8_gemm(a_g, plan.major_a, "fp8", sfa, b_g, plan.major_b, "fp8", sfb, d_g, plan.m,
-                    plan.n, kg, **common)
+                    plan.n, kg, l0_bf16=l0_bf16, **common)
 
 
 def k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, recipe=(1, 1, 32),

@@ -183,8 +183,10 @@ def gemm_family(name: str, template: str | None = None) -> KernelFamily:
 
 def prepare_gemm(family: KernelFamily, m: int, n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
                  major_a: str, major_b: str, with_accumulation: bool, compiled_dims: str,
-                 config: GemmConfig | None = None, gemm_type: str = "normal", num_groups: int = 1) -> PreparedKernel:
-    """The prepared kernel of one dense GEMM call, for the current runtime target (core count, arch).
+                 config: GemmConfig | None = None, gemm_type: str = "normal", num_groups: int = 1,
+                 l0_bf16: bool = True) -> PreparedKernel:
+    """The prepared kernel of one dense GEMM call, for the current runtime target (core count, arch); ``l0_bf16``
+    False keeps fp32 L0 (the FMA Cube) where cube_l0_bf16() would choose bf16.
 
     NOTES: the dispatch fast path looks a plain tuple of the call's parameters up first; the GemmDesc is built only
     the first time a problem is seen.
@@ -194,7 +196,7 @@ def prepare_gemm(family: KernelFamily, m: int, n: int, k: int, a_dtype: str, b_d
     sync_check = envs.DG_SYNC_CHECK.get()
     # NOTES: and whether the Cube runs on bf16 L0 (DG_CUBE_AMX may change between calls): another kernel.
     key = (m, n, k, a_dtype, b_dtype, out_dtype, major_a, major_b, with_accumulation, compiled_dims, num_ai_cores,
-           arch.name, config, gemm_type, num_groups, sync_check, cube_l0_bf16(a_dtype, b_dtype))
+           arch.name, config, gemm_type, num_groups, sync_check, l0_bf16 and cube_l0_bf16(a_dtype, b_dtype))
     prepared = family.lookup(key)
     if prepared is None:
         desc = GemmDesc(m=m, n=n, k=k, a_dtype=a_dtype, b_dtype=b_dtype, out_dtype=out_dtype, major_a=major_a,

@@ -17,7 +17,8 @@ def launch_fp8_gemm(gm_a: np.ndarray, major_a: str, a_dtype: str, sfa: np.ndarra
                     b_dtype: str, sfb: np.ndarray, d: np.ndarray, m: int, n: int, k: int, *,
                     with_accumulation: bool, alpha: float, compiled_dims: str,
                     config: GemmConfig | None = None, gemm_type: str = "normal", num_groups: int = 1,
-                    grouped: GroupedLayout | None = None, sfd: np.ndarray | None = None) -> GemmConfig:
+                    grouped: GroupedLayout | None = None, sfd: np.ndarray | None = None,
+                    l0_bf16: bool = True) -> GemmConfig:
     """Run (or, in dry-run mode, only build and compile) the FP8/FP4 GEMM kernel; returns its GemmConfig.
 
     gm_a / gm_b: uint8 physical storage with unit last stride: K-major [MN, >= K] (fp8) or [MN, >= K/2] (packed
@@ -32,10 +33,11 @@ def launch_fp8_gemm(gm_a: np.ndarray, major_a: str, a_dtype: str, sfa: np.ndarra
     FP8 output (the FP8Quantization epilogue): d uint8 e4m3 codes [M, >= N] and ``sfd`` int16 [M, N/64] with
     strides (1, M), N % 64 == 0, no accumulation, alpha 1; the kernel is a mixed one (lib/epilogue.asc.j2).
     Reads runtime.get_num_ai_cores(), get_arch_spec(), get_dry_run(); env DG_PRINT_CONFIGS prints configs,
-    DG_SYNC_CHECK builds the checker's kernels.
+    DG_SYNC_CHECK builds the checker's kernels. ``l0_bf16`` False keeps the fp32 FMA Cube even where the AMX one
+    would run (scales that leave operand values subnormal: api.checks.rebalance_scales).
     """
     prepared = prepare_gemm(FP8_GEMM, int(m), int(n), int(k), a_dtype, b_dtype, out_dtype_of(d), major_a, major_b,
-                            bool(with_accumulation), compiled_dims, config, gemm_type, int(num_groups))
+                            bool(with_accumulation), compiled_dims, config, gemm_type, int(num_groups), l0_bf16)
     flat_a, stride_a = gm_view(gm_a, np.uint8)
     flat_b, stride_b = gm_view(gm_b, np.uint8)
     flat_sfa, stride_sfa = sf_view(sfa)

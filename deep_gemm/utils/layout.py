@@ -329,8 +329,14 @@ def _exponent_span(exps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.where(is_nan, _NAN_BYTE, exps).min(axis=1), np.where(is_nan, -1, exps).max(axis=1)
 
 
+class SubnormalOperandsError(ValueError):
+    """rebalance_sf_exponents(require_normal=True) found no split keeping every scaled operand value normal (the
+    fp32 FMA Cube can still apply the scales exactly: call again without require_normal)."""
+
+
 def rebalance_sf_exponents(
-    sfa: np.ndarray, sfb: np.ndarray, k: int, kind_a: str, kind_b: str, max_out_shift: int = 127
+    sfa: np.ndarray, sfb: np.ndarray, k: int, kind_a: str, kind_b: str, max_out_shift: int = 127,
+    require_normal: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Move exponents between A, B (per 32-K block) and the output scale so the stand-in's fp32 math is exact.
 
@@ -349,6 +355,8 @@ def rebalance_sf_exponents(
     NaN bytes (255) are left as they are. Raises ValueError naming the K block and rows when no exact split exists:
     the bytes of one K-block column of sfa or sfb span too wide a range, or the sum can overflow while other
     blocks' products are so small that a shift of the output would lose them.
+    ``require_normal``: every nonzero scaled operand value must also be a normal fp32 (the AMX Cube reads bf16
+    subnormals as zero); raises SubnormalOperandsError when no split gives that.
     """
     num_blocks = ceil_div(k, _SF_BLOCK_K)
     if num_blocks == 0 or sfa.shape[1] == 0 or sfb.shape[1] == 0:
@@ -358,7 +366,9 @@ def rebalance_sf_exponents(
     # Fast path (ordinary scales, one pass over the bytes): no byte past its limit (so no NaN byte either) and
     # even the largest pair of bytes cannot make a sum reach 2^126
     max_a, max_b = int(sfa.view(np.uint8).max()), int(sfb.view(np.uint8).max())
-    if max_a <= ha and max_b <= hb and max_a + max_b - 2 * 127 + code_bound < 126:
+    normal = not require_normal or (int(sfa.view(np.uint8).min()) >= _MIN_NORMAL_BYTE[kind_a]
+                                    and int(sfb.view(np.uint8).min()) >= _MIN_NORMAL_BYTE[kind_b])
+    if normal and max_a <= ha and max_b <= hb and max_a + max_b - 2 * 127 + code_bound < 126:
         return sfa, sfb, 0
 
     ea, eb = _block_exponents(sfa, num_blocks), _block_exponents(sfb, num_blocks)
@@ -420,6 +430,16 @@ def rebalance_sf_exponents(
     # Prefer c = 0, then shifts that keep every nonzero operand value normal, then any exact shift
     norm_lower = np.maximum(lower, _MIN_NORMAL_BYTE[kind_a] - lo_a)
     norm_upper = np.minimum(upper, lo_b - shift - _MIN_NORMAL_BYTE[kind_b])
+    if require_normal:
+        bad = np.flatnonzero(live & (norm_lower > norm_upper))
+        if bad.size:
+            kb = int(bad[0])
+            raise SubnormalOperandsError(
+                f"sfa/sfb: in K block {kb} no power-of-two split keeps every scaled operand value normal "
+                f"(sfa[:, {kb}] 2^{int(lo_a[kb]) - 127}..2^{int(hi_a[kb]) - 127}, sfb[:, {kb}] "
+                f"2^{int(lo_b[kb]) - 127}..2^{int(hi_b[kb]) - 127})"
+            )
+        lower, upper = norm_lower, norm_upper
     c = np.where(norm_lower <= norm_upper, np.clip(0, norm_lower, np.maximum(norm_lower, norm_upper)),
                  np.clip(0, lower, np.maximum(lower, upper)))
     c = np.where(((lower <= 0) & (upper >= 0)) | ~live, 0, c).astype(np.int16)

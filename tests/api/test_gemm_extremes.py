@@ -73,6 +73,24 @@ def test_extreme_scale_pairs_are_exact(rng, kinds, ea, eb):
     assert np.array_equal(d.view(np.uint16), d_ordinary.view(np.uint16))
 
 
+def test_scales_no_normal_split_can_carry_run_exactly_on_the_fma_cube(rng):
+    # An A row scaled by 2^-127 beside rows at 2^113 in the same K blocks (B at 2^-10: sums stay below 2^126, the
+    # tiny row's products above 2^-149): no split keeps every A value a normal fp32 and in range, so the AMX Cube
+    # (which reads subnormal bf16 as zero) cannot take the call; it runs on the fp32 FMA Cube, exact, and the tiny
+    # row is not lost.
+    kind_a, kind_b, m, n, k = KINDS[2]
+    (a, va), (b, vb) = _codes(rng, kind_a, m, k), _codes(rng, kind_b, n, k)
+    nb = k // 32
+    exps_a = np.full((m, nb), 113)
+    exps_a[0] = -127
+    exps_b = np.full((n, nb), -10)
+    d = np.zeros((m, n), BF16)
+    deep_gemm.fp8_fp4_gemm_nt((a, _sf(exps_a)), (b, _sf(exps_b)), d)
+    exact = _exact(va, exps_a, vb, exps_b)
+    assert calc_diff(_d32(d)[1:], exact[1:]) < TOL[(kind_a, kind_b)]
+    assert np.all(exact[0] != 0) and calc_diff(_d32(d)[:1], exact[:1]) < TOL[(kind_a, kind_b)]
+
+
 @pytest.mark.parametrize("kinds", KINDS, ids=lambda c: f"{c[0]}x{c[1]}")
 def test_extreme_per_block_scales_are_exact(rng, kinds):
     # Every (row, K block) its own exponent: A in 2^100..2^127, B in 2^-127..2^-100 (the old path gave NaN/Inf)

@@ -117,3 +117,30 @@ def test_empty_problems_pass_through():
     sfa, sfb = np.zeros((1, 0), np.int16), np.full((1, 3), 254, np.int16)
     out = rebalance_sf_exponents(sfa, sfb, 64, "fp8", "fp8")
     assert out[0] is sfa and out[1] is sfb and out[2] == 0
+
+
+MIN_NORMAL_BYTE = {"fp8": 10, "fp4": 2}  # every nonzero code x 2^(byte - 127) is a normal fp32 from here
+
+
+@pytest.mark.parametrize("kind_a, kind_b", [("fp8", "fp8"), ("fp4", "fp4"), ("fp8", "fp4")])
+def test_require_normal_lifts_small_scales_or_refuses(rng, kind_a, kind_b):
+    # The AMX Cube reads subnormal bf16 as zero: with require_normal every scaled operand value ends up normal
+    # (products unchanged), the untouched fast path only when that already holds; no split -> SubnormalOperandsError
+    # (a ValueError), which the API answers by running the call on the FMA Cube.
+    from deep_gemm.utils.layout import SubnormalOperandsError
+
+    nb = 5
+    ea, eb = rng.integers(0, 9, (9, nb)), rng.integers(100, 130, (6, nb))  # A scaled into fp32 subnormals
+    sfa, sfb = _phys(ea), _phys(eb)
+    assert rebalance_sf_exponents(sfa, sfb, nb * 32, kind_a, kind_b)[0] is sfa  # exact in fp32 already
+    new_a, new_b, shift = rebalance_sf_exponents(sfa, sfb, nb * 32, kind_a, kind_b, require_normal=True)
+    na, nbb = _bytes(new_a, nb), _bytes(new_b, nb)
+    _assert_products_kept(ea, eb, na, nbb, shift)
+    assert na.min() >= MIN_NORMAL_BYTE[kind_a] and nbb.min() >= MIN_NORMAL_BYTE[kind_b]
+    ordinary = _phys(rng.integers(118, 122, (9, nb)))
+    assert rebalance_sf_exponents(ordinary, sfb, nb * 32, kind_a, kind_b, require_normal=True)[0] is ordinary
+    # Both sides tiny in the same K block: any split leaves one of them subnormal
+    tiny_a, tiny_b = _phys(np.zeros((9, nb), int)), _phys(np.ones((6, nb), int))
+    with pytest.raises(SubnormalOperandsError, match="K block 0"):
+        rebalance_sf_exponents(tiny_a, tiny_b, nb * 32, kind_a, kind_b, require_normal=True)
+    assert rebalance_sf_exponents(tiny_a, tiny_b, nb * 32, kind_a, kind_b)[0] is tiny_a
