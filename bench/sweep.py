@@ -42,7 +42,8 @@ results.csv schema (one row per (mode, dtype, m, n, k); the same columns for eve
     config            the kernel config, "field=value ..." (GemmConfig fields)
     spread            cpu: run-to-run spread, (max - min) / median of the timed runs, the larger of the two sides;
                       empty for a single run
-    over_peak         1 if frac_peak > 1 (faster than the ceiling: the ceiling was measured busier), else 0
+    over_peak         1 if frac_peak > 1 (faster than the ceiling: the ceiling was measured busier, or the stand-in's
+                      Cube ran on the AMX unit, which can beat numpy's fp32 GEMM), else 0
     host              cpu: host name of the machine that timed the row
     cpu_model         cpu: its CPU model name (/proc/cpuinfo)
 
