@@ -164,6 +164,30 @@ def InitGlobalMemory(gm, size, value):  # noqa: N802
     for i in range(size):
         _store_out(gm, i, v, False)
 
+def _ub_rows(pu, stride_u, pc, ldc, rows, cols):
+    """UB rows (fp32, or uint16 bf16 bits rounded to nearest even, at pu[i * stride_u + j]) from L0C rows (fp32 at
+    pc[i * ldc + j]) (numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_ub_rows)
+def _ub_rows_impl(pu, stride_u, pc, ldc, rows, cols):
+    if not isinstance(pu, types.CPointer) or pu.dtype not in (types.float32, types.uint16):
+        return None
+    if pu.dtype == types.uint16:
+        def rows_bf16(pu, stride_u, pc, ldc, rows, cols):
+            _fixpipe_rows_bf16(pu, stride_u, pc, ldc, rows, cols, np.float32(1.0), False)
+        return rows_bf16
+
+    def rows_f32(pu, stride_u, pc, ldc, rows, cols):
+        for i in range(rows):
+            dst = _ptr_add(pu, i * stride_u)
+            src = _ptr_add(pc, i * ldc)
+            for j in range(cols):
+                dst[j] = src[j]
+    return rows_f32
+
+
 def _store_ub(ub, i, j, value):
     """Store one fp32 accumulator into a UB tile of fp32 (as is) or uint16 (bf16 bits, RNE) (numba-only)."""
     raise NotImplementedError("numba-only helper")
@@ -194,6 +218,11 @@ def FixpipeToUB(ub, l0c, num_rows, num_cols):  # noqa: N802
     """
     if num_rows > ub.shape[0] or num_cols > ub.shape[1] or num_rows > l0c.shape[0] or num_cols > l0c.shape[1]:
         raise IndexError("FixpipeToUB: the block exceeds the UB or L0C tile", num_rows, num_cols)
+    if (num_cols <= 1 or (ub.strides[1] == ub.itemsize and l0c.strides[1] == 4)) and num_rows > 0:
+        # adjacent columns on both sides (every hand-off's tiles): a row is one pointer loop (vectorised)
+        _ub_rows(_data_ptr(ub), ub.strides[0] // ub.itemsize, _data_ptr(l0c), l0c.strides[0] // 4, num_rows,
+                 num_cols)
+        return
     for i in range(num_rows):
         for j in range(num_cols):
             _store_ub(ub, i, j, l0c[i, j])

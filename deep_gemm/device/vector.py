@@ -18,6 +18,7 @@ from numba.extending import overload
 
 from ..jit import enums
 from ..jit.numba_setup import apply_numba_settings
+from .cube import _data_ptr, _ptr_add
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
 apply_numba_settings()
@@ -119,8 +120,8 @@ def check_count(d, count):
     if count < 0 or count > d.shape[0] * d.shape[1]:
         raise ValueError("vector instruction: count exceeds the dst tensor", count, d.shape[0] * d.shape[1])
     cols = d.shape[1]
-    if cols == 0:
-        return 0, 0
+    if count == d.shape[0] * cols:  # the whole tensor (the usual count): no division
+        return d.shape[0], 0
     return count // cols, count % cols
 
 
@@ -132,12 +133,66 @@ def check_same_shape(d, s):
 
 
 @njit(cache=True, inline="always")
+def _unit_cols(x):
+    """True when a 2-D tensor's columns are adjacent elements (the pointer loops below apply)."""
+    return x.shape[1] <= 1 or x.strides[1] == x.itemsize
+
+
+def _same_place(x, y):
+    """True when two 2-D tensors of one dtype start at the same address with the same row stride (in place;
+    numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_same_place)
+def _same_place_impl(x, y):
+    if x.dtype != y.dtype:
+        return lambda x, y: False
+    return lambda x, y: x.ctypes.data == y.ctypes.data and x.strides[0] == y.strides[0]
+
+
+@njit(cache=True, inline="always")
+def _row_step(x):
+    """Elements from one row of a 2-D tensor to the next (its row stride in elements)."""
+    return x.strides[0] // x.itemsize
+
+
+# NOTES: the loops below address memory through raw pointers when every operand's columns are adjacent (the
+# usual UB tile or view): plain 2-D indexing carries numba's negative-index wraparound and the runtime column
+# stride, which keep LLVM from vectorising a row; through pointers each row is a plain loop LLVM turns into SIMD
+# (with its own run-time overlap checks, so in-place and aliased operands keep their sequential meaning). Per
+# element the arithmetic is the same either way: results are bitwise identical.
+@njit(cache=True, inline="always")
+def _row1(pd, ps, n, fn, value):
+    for j in range(n):
+        pd[j] = fn(ps[j], value)
+
+
+@njit(cache=True, inline="always")
+def _row2(pd, pa, pb, n, fn):
+    for j in range(n):
+        pd[j] = fn(pa[j], pb[j])
+
+
+@njit(cache=True, inline="always")
 def _map1(dst, src, count, fn, scalar):
     d = as_rows(dst)
     s = as_rows(src)
     check_same_shape(d, s)
     full, rest = check_count(d, count)
     value = like(d, scalar)
+    if _unit_cols(d) and _unit_cols(s):
+        pd, ps = _data_ptr(d), _data_ptr(s)
+        dr, sr = _row_step(d), _row_step(s)
+        if _same_place(d, s):
+            # in place: one pointer, so LLVM needs no overlap check (which an exact overlap would fail)
+            for i in range(full + 1):
+                q = _ptr_add(pd, i * dr)
+                _row1(q, q, d.shape[1] if i < full else rest, fn, value)
+            return
+        for i in range(full + 1):
+            _row1(_ptr_add(pd, i * dr), _ptr_add(ps, i * sr), d.shape[1] if i < full else rest, fn, value)
+        return
     for i in range(full):
         for j in range(d.shape[1]):
             d[i, j] = fn(s[i, j], value)
@@ -153,6 +208,18 @@ def _map2(dst, src0, src1, count, fn):
     check_same_shape(d, a)
     check_same_shape(d, b)
     full, rest = check_count(d, count)
+    if _unit_cols(d) and _unit_cols(a) and _unit_cols(b):
+        pd, pa, pb = _data_ptr(d), _data_ptr(a), _data_ptr(b)
+        dr, ar, br = _row_step(d), _row_step(a), _row_step(b)
+        if _same_place(d, a):
+            for i in range(full + 1):
+                q = _ptr_add(pd, i * dr)
+                _row2(q, q, _ptr_add(pb, i * br), d.shape[1] if i < full else rest, fn)
+            return
+        for i in range(full + 1):
+            _row2(_ptr_add(pd, i * dr), _ptr_add(pa, i * ar), _ptr_add(pb, i * br), d.shape[1] if i < full else rest,
+                  fn)
+        return
     for i in range(full):
         for j in range(d.shape[1]):
             d[i, j] = fn(a[i, j], b[i, j])
@@ -277,6 +344,15 @@ def Axpy(dst, src, scalar, count):  # noqa: N802
     check_same_shape(d, s)
     full, rest = check_count(d, count)
     value = like(d, scalar)
+    if _unit_cols(d) and _unit_cols(s):
+        pd, ps = _data_ptr(d), _data_ptr(s)
+        dr, sr = _row_step(d), _row_step(s)
+        for i in range(full + 1):
+            n = d.shape[1] if i < full else rest
+            qd, qs = _ptr_add(pd, i * dr), _ptr_add(ps, i * sr)
+            for j in range(n):
+                qd[j] = _add(qd[j], _mul(qs[j], value))
+        return
     for i in range(full):
         for j in range(d.shape[1]):
             d[i, j] = _add(d[i, j], _mul(s[i, j], value))

@@ -64,6 +64,41 @@ def test_binary_ops_on_strided_views(rng):
     assert not out[:3].any() and not out[8:].any() and not out[:, :4].any() and not out[:, 16:].any()
 
 
+def _copy_like(x, step):
+    """A copy of the 2-D ``x`` whose columns are ``step`` elements apart (None: adjacent)."""
+    if not step:
+        return x.copy()
+    out = np.full((x.shape[0], x.shape[1] * step), -9.0, x.dtype)[:, ::step]
+    out[...] = x
+    return out
+
+
+def test_elementwise_ops_on_every_operand_layout(rng):
+    """The row loops take raw pointers when columns are adjacent, in place with one pointer, and fall back to
+    indexed loops for column-strided operands: every path gives numpy's bits, partial counts included."""
+    x, y = _data(rng, (6, 40), nan=True), _data(rng, (6, 40))
+    for cols in (slice(3, 23), slice(1, 40, 2)):  # adjacent columns; a column stride of two elements
+        a, b = x[:, cols], y[:, cols]
+        for count in (a.size, a.size - 7):
+            with np.errstate(all="ignore"):
+                for name, args, want in (("Mul", (a, b), a * b), ("Muls", (a, 0.3), a * F32(0.3)),
+                                         ("Relu", (a,), np.where(a < 0, F32(0), a)),
+                                         ("Axpy", (a, -1.5), b + a * F32(-1.5))):
+                    dst = _copy_like(b, cols.step)  # same layout as the sources
+                    before = dst.copy()
+                    getattr(device, name)(dst, *args, count)
+                    _check_partial(dst, want, before, count)
+                    inplace = _copy_like(a, cols.step)
+                    if name != "Axpy":  # dst is also the (first) source
+                        getattr(device, name)(inplace, inplace, *args[1:], count)
+                        _check_partial(inplace, want, a, count)
+    # overlapping operands keep the instruction's sequential row-major meaning (each element reads its source
+    # after the elements before it were written): a shifted in-place Adds is a running sum
+    run = np.zeros(300, F32)
+    device.Adds(run[1:], run[:-1], 1.0, 299)
+    np.testing.assert_array_equal(run, np.arange(300, dtype=F32))
+
+
 SCALAR = {"Adds": np.add, "Muls": np.multiply, "Maxs": np.maximum, "Mins": np.minimum}
 
 
@@ -268,6 +303,10 @@ def test_fixpipe_to_ub(rng, ub_dtype):
     want[:13, :21] = block if ub_dtype == np.float32 else fp32_to_bf16_bits(np.ascontiguousarray(block))
     np.testing.assert_array_equal(ub.view(np.uint32 if ub_dtype == np.float32 else np.uint16),
                                   want.view(np.uint32 if ub_dtype == np.float32 else np.uint16))
+    # a column-strided L0C view (the indexed loop) and an adjacent one (the pointer loop) give the same bits
+    strided = np.zeros((20, 32), ub_dtype)
+    device.FixpipeToUB(strided, np.repeat(l0c, 2, axis=1)[:, ::2], 13, 21)
+    np.testing.assert_array_equal(strided.view(np.uint8), ub.view(np.uint8))
 
 
 def test_every_vector_intrinsic_is_exported_and_documented():
