@@ -26,7 +26,7 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from ..jit import amx
 from ..jit.numba_setup import apply_numba_settings, host_cpu_features, vector_width_bits
@@ -867,6 +867,61 @@ def _sf_args(sf_l1):
     return _data_ptr(sf_l1), sf_l1.strides[0], sf_l1.strides[1]
 
 
+# NOTES: the L0 element type picks the path when numba types the call (an itemsize test would be a run-time one:
+# numba keeps an array's itemsize in the array, so every kernel would compile and carry both paths).
+def _load_a_path(l0a, pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with_sf):
+    """L1 -> L0A on the path of l0a's element type: bf16 bits (AMX layout) or fp32 (numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_load_a_path)
+def _load_a_path_impl(l0a, pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with_sf):
+    if l0a.dtype == types.uint16:
+        def bf16(l0a, pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with_sf):
+            _load_a_bf16_core(_ptr_as_u16(l0a), pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with_sf)
+        return bf16
+
+    def f32(l0a, pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with_sf):
+        _load_a_core(_ptr_as_f32(l0a), pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with_sf)
+    return f32
+
+
+def _load_b_path(l0b, pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with_sf):
+    """L1 -> L0B on the path of l0b's element type (numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_load_b_path)
+def _load_b_path_impl(l0b, pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with_sf):
+    if l0b.dtype == types.uint16:
+        def bf16(l0b, pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with_sf):
+            _load_b_bf16_core(_ptr_as_u16(l0b), pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with_sf)
+        return bf16
+
+    def f32(l0b, pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with_sf):
+        _load_b_core(_ptr_as_f32(l0b), pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with_sf)
+    return f32
+
+
+def _mmad_path(l0c, l0a, l0b, mad_m, mad_n, mad_k, init):
+    """The Cube on the path of the L0 element type: AMX for bf16 bits, FMA for fp32 (numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_mmad_path)
+def _mmad_path_impl(l0c, l0a, l0b, mad_m, mad_n, mad_k, init):
+    if l0a.dtype == types.uint16:
+        def amx(l0c, l0a, l0b, mad_m, mad_n, mad_k, init):
+            _mmad_amx_core(_data_ptr(l0c), l0c.strides[0] // 4, l0c.strides[1] // 4, _ptr_as_u16(l0a),
+                           _ptr_as_u16(l0b), mad_m, mad_n, mad_k, init)
+        return amx
+
+    def fma(l0c, l0a, l0b, mad_m, mad_n, mad_k, init):
+        _mmad_core(_data_ptr(l0c), l0c.strides[0] // 4, l0c.strides[1] // 4, _ptr_as_f32(l0a), _ptr_as_f32(l0b),
+                   mad_m, mad_n, mad_k, init)
+    return fma
+
+
 @njit(cache=True)
 def load_l0a(l0a, l1a, sf_l1a, row0, k0, mad_m, mad_k, with_sf):
     """LoadData L1 -> L0A (asc_copy_l12l0a; asc_copy_l12l0a_mx with scales).
@@ -880,11 +935,7 @@ def load_l0a(l0a, l1a, sf_l1a, row0, k0, mad_m, mad_k, with_sf):
     _check_load(l0a, l1a, sf_l1a, row0, k0, mad_m, mad_k, with_sf, l0a_size(mad_m, mad_k))
     psf, sf_rs, sf_cs = _sf_args(sf_l1a)
     ld, cs = l1a.strides[0] // l1a.itemsize, l1a.strides[1] // l1a.itemsize
-    if l0a.itemsize == 2:
-        _load_a_bf16_core(_ptr_as_u16(l0a), _data_ptr(l1a), ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k,
-                          with_sf)
-    else:
-        _load_a_core(_ptr_as_f32(l0a), _data_ptr(l1a), ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with_sf)
+    _load_a_path(l0a, _data_ptr(l1a), ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with_sf)
 
 
 @njit(cache=True)
@@ -899,11 +950,7 @@ def load_l0b(l0b, l1b, sf_l1b, row0, k0, mad_n, mad_k, with_sf):
     _check_load(l0b, l1b, sf_l1b, row0, k0, mad_n, mad_k, with_sf, l0b_size(mad_n, mad_k))
     psf, sf_rs, sf_cs = _sf_args(sf_l1b)
     ld, cs = l1b.strides[0] // l1b.itemsize, l1b.strides[1] // l1b.itemsize
-    if l0b.itemsize == 2:
-        _load_b_bf16_core(_ptr_as_u16(l0b), _data_ptr(l1b), ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k,
-                          with_sf)
-    else:
-        _load_b_core(_ptr_as_f32(l0b), _data_ptr(l1b), ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with_sf)
+    _load_b_path(l0b, _data_ptr(l1b), ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with_sf)
 
 
 @njit(cache=True)
@@ -987,9 +1034,4 @@ def mmad(l0c, l0a, l0b, mad_m, mad_n, mad_k, init):
         if init:
             l0c[:mad_m, :mad_n] = 0.0
         return
-    if l0a.itemsize == 2:
-        _mmad_amx_core(_data_ptr(l0c), l0c.strides[0] // 4, l0c.strides[1] // 4, _ptr_as_u16(l0a), _ptr_as_u16(l0b),
-                       mad_m, mad_n, mad_k, bool(init))
-    else:
-        _mmad_core(_data_ptr(l0c), l0c.strides[0] // 4, l0c.strides[1] // 4, _ptr_as_f32(l0a), _ptr_as_f32(l0b),
-                   mad_m, mad_n, mad_k, bool(init))
+    _mmad_path(l0c, l0a, l0b, mad_m, mad_n, mad_k, bool(init))

@@ -135,7 +135,18 @@ def check_same_shape(d, s):
 @njit(cache=True, inline="always")
 def _unit_cols(x):
     """True when a 2-D tensor's columns are adjacent elements (the pointer loops below apply)."""
-    return x.shape[1] <= 1 or x.strides[1] == x.itemsize
+    return x.shape[1] <= 1 or x.strides[1] == _itemsize(x)
+
+
+def _itemsize(x):
+    """Bytes per element of an array, as a compile-time constant (numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_itemsize)
+def _itemsize_impl(x):
+    size = x.dtype.bitwidth // 8
+    return lambda x: size
 
 
 def _same_place(x, y):
@@ -151,10 +162,16 @@ def _same_place_impl(x, y):
     return lambda x, y: x.ctypes.data == y.ctypes.data and x.strides[0] == y.strides[0]
 
 
-@njit(cache=True, inline="always")
 def _row_step(x):
-    """Elements from one row of a 2-D tensor to the next (its row stride in elements)."""
-    return x.strides[0] // x.itemsize
+    """Elements from one row of a 2-D tensor to the next (its row stride in elements; numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_row_step)
+def _row_step_impl(x):
+    # NOTES: a numba array's itemsize is a run-time field: divide by the dtype's constant size instead (a shift)
+    size = x.dtype.bitwidth // 8
+    return lambda x: x.strides[0] // size
 
 
 # NOTES: the loops below address memory through raw pointers when every operand's columns are adjacent (the

@@ -28,6 +28,9 @@ MAX_MAD_ROWS = 128
 # Rows of the AIVs' key-scale tile (lib/mqa.asc.j2 SC_ROWS: the per-key fp32 scales repeated per row, so one Mul
 # scales SC_ROWS rows of the tile; a Mul per row cost more in call overhead than in arithmetic on the CPU).
 MQA_SCALE_ROWS = 32
+# L0B stages of the MQA kernels' AIC (lib/mqa.asc.j2 NUM_L0_STAGES): the ragged kernel skips a tile's key copies
+# when the stage it uses still holds that key block.
+MQA_L0B_STAGES = 2
 # Vector passes per element of the AIV operator (lib/mqa.asc.j2): the per-key scale (Mul, CUDA's fp32 scale form
 # only), the ReLU, and per head one Axpy (a multiply and an add); the bf16 cast is per query row, not per head.
 MQA_VECTOR_OPS = {"relu": 1, "axpy": 2, "token_scale": 1}
@@ -194,24 +197,34 @@ def model_mqa(desc: MqaDesc, c: MqaConfig, arch: ArchSpec, *, seq_len: int, seq_
     q_row = storage_bytes(desc.q_dtype, d) + d // 32
     full = _tile_pipes(desc, c, arch, c.block_q * desc.num_heads, c.block_kv, token_scale, 1 if token_scale else 2,
                        c.block_kv * kv_row)
-    tile_s = max(full.values())
     busiest = -(-num_tiles // cores) if num_tiles else 0
+    # Key residency: when every query block with work meets every key block and the key blocks divide the
+    # L0B stages of all cores, a core's tile finds its keys still in the L0B stage it uses (the tile
+    # MQA_L0B_STAGES tiles earlier on that core had the same key block): only its first tiles load keys.
+    num_kv_blocks = -(-seq_len_kv // c.block_kv)
+    resident = num_tiles > 0 and all(n == num_kv_blocks for _, n in tiles) \
+        and (MQA_L0B_STAGES * cores) % num_kv_blocks == 0
+    loads = min(busiest, MQA_L0B_STAGES) if resident else busiest
+    kept = dict(full, mte2=0.0, mte1=0.0)
+    tile_s = max(full.values())
+    tile_kept_s = max(kept.values())
     # q panels: a core reloads its panel when its next tile is another query block (between pipe barriers)
     q_blocks = len(blocks)
     panel_s = MEMORY_FIGURES.copy_issue_s + MEMORY_FIGURES.gm_latency_s + \
         c.block_q * desc.num_heads * q_row / MEMORY_FIGURES.mte2_bytes_per_s(arch)
     panels_per_core = -(-q_blocks // cores) if num_tiles < cores * max(1, q_blocks) else -(-num_tiles // cores)
     panels_per_core = min(panels_per_core, busiest)
-    core_s = busiest * tile_s + panels_per_core * panel_s
-    # chip-wide traffic: every tile reads its key block through L2; keys, q, weights come from HBM once, logits leave
+    core_s = loads * tile_s + (busiest - loads) * tile_kept_s + panels_per_core * panel_s
+    # chip-wide traffic: every key load reads its key block through L2; keys, q, weights come from HBM once, logits
+    # leave
     valid = sum((min(ke[i], seq_len_kv) - ks[i]) for i in range(seq_len) if ke[i] > ks[i]) if ks is not None \
         else seq_len * seq_len_kv
-    l2_bytes = num_tiles * c.block_kv * kv_row + q_blocks * c.block_q * desc.num_heads * q_row
+    key_loads = min(num_tiles, MQA_L0B_STAGES * cores) if resident else num_tiles
+    l2_bytes = key_loads * c.block_kv * kv_row + q_blocks * c.block_q * desc.num_heads * q_row
     hbm_bytes = seq_len_kv * kv_row + seq_len * desc.num_heads * (q_row + 4) + valid * 2
     l2_s, hbm_s = l2_bytes / arch.l2_bytes_per_s, hbm_bytes / arch.hbm_bytes_per_s
     times = {"core": core_s, "l2": l2_s, "hbm": hbm_s}
-    scale = busiest if busiest else 0
-    pipes = {k: v * scale for k, v in full.items()}
+    pipes = {k: v * loads + kept[k] * (busiest - loads) for k, v in full.items()}
     bound = max(pipes, key=pipes.get) if max(times, key=times.get) == "core" else max(times, key=times.get)
     body = max(times.values())
     total = body + (MEMORY_FIGURES.gm_latency_s + tile_s if num_tiles else 0.0) + LAUNCH_S

@@ -45,6 +45,20 @@ def test_ragged_estimate_grows_with_keys_and_names_its_bound():
     assert mx.vector_us < full.vector_us
 
 
+def test_ragged_estimate_charges_key_loads_only_where_keys_are_not_resident():
+    """The ragged kernel skips a tile's key copies when its L0B stage still holds the block: with full ranges and
+    key blocks dividing 2 x cores, a core loads keys only for its first two tiles; otherwise every tile loads."""
+    def est(keys, cores):
+        return deep_gemm.estimate_mqa_logits(64, keys, num_ai_cores=cores, arch="950DT")
+
+    block_kv = est(16384, 32).config.block_kv
+    resident, moving = est(64 * block_kv, 32), est(65 * block_kv, 32)  # 64 key blocks | 2 x 32 cores; 65 do not
+    assert resident.l2_bytes < moving.l2_bytes / 8
+    assert resident.mte2_us < 0.6 * moving.mte2_us  # what remains: the q panels
+    # the same call on 31 cores: 64 blocks no longer divide 62, every tile loads its keys
+    assert est(64 * block_kv, 31).l2_bytes > 8 * resident.l2_bytes
+
+
 def test_paged_estimate_transfers_per_page():
     ctx = [[8192]] * 16
     ascend = deep_gemm.estimate_paged_mqa_logits(ctx, page_size=64, use_ascend_kv_layout=True, arch="950DT",
