@@ -12,7 +12,8 @@ from numba import njit, types
 from numba.extending import overload
 
 from ..jit.numba_setup import apply_numba_settings
-from .vector import like
+from .cube import _data_ptr, _ptr_add
+from .vector import _itemsize, _row_step, _unit_cols, like
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
 apply_numba_settings()
@@ -39,6 +40,17 @@ def _data_copy_pad_impl(dst, src, gm_offset, gm_stride, num_rows, row_len, pad_v
         def gm_to_ub(dst, src, gm_offset, gm_stride, num_rows, row_len, pad_value):
             _check_block(src.size, dst.shape[0], dst.shape[1], gm_offset, gm_stride, num_rows, row_len)
             pad = like(dst, pad_value)
+            if _unit_cols(dst) and src.strides[0] == _itemsize(src):
+                # adjacent elements on both sides: pointer loops (vectorised; see vector.py)
+                pd, ps, dr = _data_ptr(dst), _data_ptr(src), _row_step(dst)
+                for r in range(num_rows):
+                    d = _ptr_add(pd, r * dr)
+                    g = _ptr_add(ps, gm_offset + r * gm_stride)
+                    for j in range(row_len):
+                        d[j] = g[j]
+                    for j in range(row_len, dst.shape[1]):
+                        d[j] = pad
+                return
             for r in range(num_rows):
                 base = gm_offset + r * gm_stride
                 for j in range(row_len):
@@ -49,6 +61,14 @@ def _data_copy_pad_impl(dst, src, gm_offset, gm_stride, num_rows, row_len, pad_v
     if dst.ndim == 1 and src.ndim == 2:
         def ub_to_gm(dst, src, gm_offset, gm_stride, num_rows, row_len, pad_value):
             _check_block(dst.size, src.shape[0], src.shape[1], gm_offset, gm_stride, num_rows, row_len)
+            if _unit_cols(src) and dst.strides[0] == _itemsize(dst):
+                pd, ps, sr = _data_ptr(dst), _data_ptr(src), _row_step(src)
+                for r in range(num_rows):
+                    g = _ptr_add(pd, gm_offset + r * gm_stride)
+                    u = _ptr_add(ps, r * sr)
+                    for j in range(row_len):
+                        g[j] = u[j]
+                return
             for r in range(num_rows):
                 base = gm_offset + r * gm_stride
                 for j in range(row_len):

@@ -28,6 +28,23 @@ def _check_count(name: str, value: object, minimum: int) -> int:
 # NOTES: one module-level clock, so tests can swap in a fake one without touching the time module.
 _clock = time.perf_counter
 
+# NOTES: a library's worker threads may keep burning CPU after its call returned: numpy's OpenBLAS spins a worker
+# for ~0.13 s of CPU after a matmul (measured on the 2-vCPU machine: 0.130 s of process CPU while the caller slept
+# 0.2-0.8 s right after the MQA bench's numpy code). A block started then times the next library on one CPU fewer,
+# for longer than its one discarded call. bench_steady waits for the process to go idle before every block.
+IDLE_PROBE_S = 0.02
+IDLE_MAX_PROBES = 50
+
+
+def _wait_idle() -> None:
+    """Return once no thread of this process keeps a CPU busy (a sleep of IDLE_PROBE_S sees less than a quarter
+    of it in process CPU time), or after IDLE_MAX_PROBES probes."""
+    for _ in range(IDLE_MAX_PROBES):
+        start = time.process_time()
+        time.sleep(IDLE_PROBE_S)
+        if time.process_time() - start < 0.25 * IDLE_PROBE_S:
+            return
+
 
 def _time_call(fn: Callable[[], object]) -> float:
     start = _clock()
@@ -89,9 +106,10 @@ def bench_paired(
 # ---------------------------------------------------------------------------------------------------------------
 STEADY_PROTOCOL = """\
 Timing protocol (deep_gemm.testing.bench_steady): each library is timed in its own steady state, the way a model
-runs layer after layer with one library. A block is CALLS+1 back-to-back calls of one library; its first call is
-discarded (it pays for the previous library's threads going idle or still spinning, caches filled by someone
-else), and the block's figure is the mean of the other CALLS calls. The libraries' blocks alternate, in an order
+runs layer after layer with one library. A block starts once the process is idle (no thread of the previous
+library still spinning: OpenBLAS keeps one busy for ~0.1 s after a matmul) and is CALLS+1 back-to-back calls of
+one library; its first call is discarded (it pays for caches filled by someone else, threads waking up), and the
+block's figure is the mean of the other CALLS calls. The libraries' blocks alternate, in an order
 rotated every round (A B C, B C A, C A B, ...) so none always follows the same neighbour; after BLOCKS rounds each
 library's time is the median of its block figures, and a ratio of two libraries is the median over rounds of
 their block ratios (slow drifts of the machine cancel within a round)."""
@@ -164,6 +182,7 @@ def bench_steady(
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
             fn = fns[name]
+            _wait_idle()  # the previous library's threads have stopped spinning
             fn()  # NOTES: discarded: the transition from the previous library's block lands here
             start = _clock()
             for _ in range(calls_per_block):

@@ -291,6 +291,17 @@ def test_datacopy_strided_padded(rng):
     np.testing.assert_array_equal(out, before)  # refused before anything is written
     with pytest.raises(IndexError, match="UB"):
         device.DataCopyPad(ub, gm, 0, 10, 7, 4, 0)
+    # the indexed loops (a column-strided UB tile, a strided GM view) and the pointer loops agree; gm_stride 0
+    # repeats one GM row into every UB row (the MQA kernels' key-scale tile)
+    strided_ub = np.full((6, 32), -9.0, F32)[:, ::2]
+    device.DataCopyPad(strided_ub, np.repeat(gm, 2)[::2], 7, 30, 4, 11, 0.5)
+    np.testing.assert_array_equal(strided_ub, want)
+    strided_out = np.zeros(400, F32)
+    device.DataCopyPad(strided_out[::2], strided_ub, 3, 40, 4, 13, 0)
+    np.testing.assert_array_equal(strided_out[::2], want_out)
+    rows = np.zeros((5, 8), F32)
+    device.DataCopyPad(rows, gm, 20, 0, 5, 8, 0)
+    np.testing.assert_array_equal(rows, np.tile(gm[20:28], (5, 1)))
 
 
 @pytest.mark.parametrize("ub_dtype", [np.float32, np.uint16])

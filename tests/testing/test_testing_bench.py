@@ -72,6 +72,29 @@ def test_bench_paired_settle_sleeps_before_every_timed_call(monkeypatch):
         bench_mod.bench_paired(lambda: None, lambda: None, settle=-1.0)
 
 
+def test_bench_steady_waits_for_an_idle_process_before_every_block(monkeypatch):
+    """Before each block the process must go idle: probes sleep until one sees (almost) no process CPU time; a
+    thread that never stops spinning costs IDLE_MAX_PROBES probes, not a hang."""
+    log = []
+    busy_probes = iter([True, True, False] + [False] * 10)  # the first block waits out two busy probes
+    cpu = [0.0]
+
+    def fake_sleep(seconds):
+        log.append("probe")
+        cpu[0] += seconds if next(busy_probes) else 0.0
+
+    monkeypatch.setattr(bench_mod.time, "sleep", fake_sleep)
+    monkeypatch.setattr(bench_mod.time, "process_time", lambda: cpu[0])
+    bench_steady({"a": lambda: log.append("a"), "b": lambda: log.append("b")}, num_blocks=2, calls_per_block=1,
+                 num_warmups=0)
+    assert log == ["probe", "probe", "probe", "a", "a", "probe", "b", "b", "probe", "b", "b", "probe", "a", "a"]
+    log.clear()
+    monkeypatch.setattr(bench_mod.time, "sleep", lambda seconds: log.append("probe"))
+    monkeypatch.setattr(bench_mod.time, "process_time", lambda: float(len(log)))  # always spinning
+    bench_mod._wait_idle()
+    assert log == ["probe"] * bench_mod.IDLE_MAX_PROBES
+
+
 def test_bench_steady_blocks_rotate_and_discard_first_call(clock):
     res = bench_steady({"a": clock.work("a", 1.0), "b": clock.work("b", 1.0), "c": clock.work("c", 1.0)},
                        num_blocks=3, calls_per_block=2, num_warmups=1)
