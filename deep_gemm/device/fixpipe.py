@@ -164,6 +164,7 @@ def InitGlobalMemory(gm, size, value):  # noqa: N802
     for i in range(size):
         _store_out(gm, i, v, False)
 
+
 def _ub_rows(pu, stride_u, pc, ldc, rows, cols):
     """UB rows (fp32, or uint16 bf16 bits rounded to nearest even, at pu[i * stride_u + j]) from L0C rows (fp32 at
     pc[i * ldc + j]) (numba-only)."""
