@@ -20,9 +20,10 @@ import sys
 
 import numpy as np
 from numba import carray, njit, types
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
 from ..jit.numba_setup import apply_numba_settings
+from .vector import _itemsize
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
 apply_numba_settings()
@@ -154,17 +155,6 @@ def cross_core_try_wait(flags, info, sub, flag_id, line):
     return False
 
 
-def _dtype_size(dtype):
-    """Bytes of one element of the numpy dtype class ``dtype`` (numba-only; a compile-time constant)."""
-    raise NotImplementedError("numba-only helper")
-
-
-@overload(_dtype_size)
-def _dtype_size_impl(dtype):
-    size = dtype.dtype.bitwidth // 8
-    return lambda dtype: size
-
-
 @intrinsic
 def _address_as_ptr(typingctx, address, dtype):
     """The integer ``address`` as a pointer to elements of the numpy dtype class ``dtype``."""
@@ -183,7 +173,7 @@ def ub_tensor(ub, aiv, byte_offset, rows, cols, dtype):
     """UBTensor<T>(aiv, byte_offset, rows, cols): a [rows, cols] view of type T of the UB of AIV ``aiv`` (0 or 1)
     from ``byte_offset`` (a multiple of 32). Both sub-cores of a hand-off address the same bytes: the AIC's FixPipe
     writes what the AIV reads. Raises ValueError when the tensor leaves the UB or is misaligned."""
-    itemsize = _dtype_size(dtype)
+    itemsize = _itemsize(dtype)
     nbytes = rows * cols * itemsize
     if aiv < 0 or aiv > 1:
         raise ValueError("UBTensor: aiv must be 0 or 1", aiv)

@@ -139,7 +139,8 @@ def _unit_cols(x):
 
 
 def _itemsize(x):
-    """Bytes per element of an array, as a compile-time constant (numba-only)."""
+    """Bytes per element of an array or of a numpy dtype class (np.float32, ...), as a compile-time constant
+    (numba-only)."""
     raise NotImplementedError("numba-only helper")
 
 
