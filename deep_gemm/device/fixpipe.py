@@ -15,6 +15,7 @@ from numba.extending import overload
 from ..jit.numba_setup import apply_numba_settings
 from ._bits import bits_to_f32, f32_to_bits
 from .cube import _data_ptr, _ptr_add
+from .vector import _row_step, _unit_cols
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
 apply_numba_settings()
@@ -219,10 +220,9 @@ def FixpipeToUB(ub, l0c, num_rows, num_cols):  # noqa: N802
     """
     if num_rows > ub.shape[0] or num_cols > ub.shape[1] or num_rows > l0c.shape[0] or num_cols > l0c.shape[1]:
         raise IndexError("FixpipeToUB: the block exceeds the UB or L0C tile", num_rows, num_cols)
-    if (num_cols <= 1 or (ub.strides[1] == ub.itemsize and l0c.strides[1] == 4)) and num_rows > 0:
+    if _unit_cols(ub) and _unit_cols(l0c):
         # adjacent columns on both sides (every hand-off's tiles): a row is one pointer loop (vectorised)
-        _ub_rows(_data_ptr(ub), ub.strides[0] // ub.itemsize, _data_ptr(l0c), l0c.strides[0] // 4, num_rows,
-                 num_cols)
+        _ub_rows(_data_ptr(ub), _row_step(ub), _data_ptr(l0c), _row_step(l0c), num_rows, num_cols)
         return
     for i in range(num_rows):
         for j in range(num_cols):

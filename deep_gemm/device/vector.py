@@ -163,16 +163,11 @@ def _same_place_impl(x, y):
     return lambda x, y: x.ctypes.data == y.ctypes.data and x.strides[0] == y.strides[0]
 
 
+@njit(cache=True, inline="always")
 def _row_step(x):
-    """Elements from one row of a 2-D tensor to the next (its row stride in elements; numba-only)."""
-    raise NotImplementedError("numba-only helper")
-
-
-@overload(_row_step)
-def _row_step_impl(x):
+    """Elements from one row of a 2-D tensor to the next (its row stride in elements)."""
     # NOTES: a numba array's itemsize is a run-time field: divide by the dtype's constant size instead (a shift)
-    size = x.dtype.bitwidth // 8
-    return lambda x: x.strides[0] // size
+    return x.strides[0] // _itemsize(x)
 
 
 # NOTES: the loops below address memory through raw pointers when every operand's columns are adjacent (the
