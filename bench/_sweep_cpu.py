@@ -303,7 +303,8 @@ class NumpyRunner:
     compile_s = 0.0  # planning: nothing to compile
 
     def __init__(self, arch: str = "950DT", num_ai_cores: int = 32, fail_on: Iterable[tuple] = (),
-                 die_once_on: tuple | None = None, die_marker: str | None = None) -> None:
+                 die_once_on: tuple | None = None, die_marker: str | None = None, hold_after: int | None = None,
+                 hold_dir: str | None = None) -> None:
         self.arch = arch
         self.num_ai_cores = num_ai_cores
         self.fail_on = set(fail_on)  # (dtype, m, n, k) shapes whose run raises, to exercise error rows
@@ -311,6 +312,11 @@ class NumpyRunner:
         # file: a worker dying mid-shape, for the Dask backend's tests.
         self.die_once_on = tuple(die_once_on) if die_once_on is not None else None
         self.die_marker = die_marker
+        # Only the first `hold_after` distinct shapes (each claims a slot file in `hold_dir`, shared by the
+        # processes of one host) run; any later shape never returns, so an interrupt lands mid-sweep with exactly
+        # `hold_after` rows written, whatever the machine's load (the Dask backend's Ctrl-C test).
+        self.hold_after = hold_after
+        self.hold_dir = hold_dir
         self.calls: list[tuple[str, int, int, int]] = []
         self.builds: list[tuple[str, int, int, int]] = []
 
@@ -337,9 +343,31 @@ class NumpyRunner:
                 import signal
 
                 os.kill(os.getpid(), signal.SIGKILL)
+        if self.hold_after is not None and self.hold_dir is not None:
+            self._maybe_hold(shape)
         if shape in self.fail_on:
             raise RuntimeError(f"injected failure for {shape}")
         case.d[...] = baseline_product(case).astype(BF16)
+
+    def _maybe_hold(self, shape: tuple) -> None:
+        """Return if ``shape`` owns one of the ``hold_after`` slot files (claiming a free one), else hold forever."""
+        name = "-".join(map(str, shape))
+        for i in range(self.hold_after):
+            slot = os.path.join(self.hold_dir, f"slot-{i}")
+            try:
+                fd = os.open(slot, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                with open(slot) as f:
+                    if f.read() == name:
+                        return
+                continue
+            os.write(fd, name.encode())
+            os.close(fd)
+            return
+        with open(os.path.join(self.hold_dir, f"held-{name}"), "w"):
+            pass
+        while True:  # until the process is closed or killed
+            time.sleep(0.05)
 
     def config(self, dtype: str, m: int, n: int, k: int) -> None:
         return None

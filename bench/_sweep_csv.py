@@ -189,10 +189,56 @@ def read_results(path: str | Path) -> list[dict]:
     return list(latest.values())
 
 
+def compact_results(path: str | Path) -> int:
+    """Rewrite ``path`` with one row per key, the newest (a retried shape's row replaces its failed one), in the
+    order read_results gives; returns how many lines were dropped (0: the file is left untouched).
+
+    The new file is written beside the old one, fsynced and renamed over it, so an interruption or a failed write
+    leaves either file whole; OSError leaves the old one (whose readers keep the newest row anyway)."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    check_header(path)
+    latest: dict[Key, list[str]] = {}
+    records = 0
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        next(reader, None)
+        for cells in reader:
+            records += 1
+            if len(cells) != len(COLUMNS):
+                continue
+            raw = dict(zip(COLUMNS, cells, strict=True))
+            if raw["status"] not in STATUSES:
+                continue
+            try:
+                key = row_key(parse_row(raw))
+            except (TypeError, ValueError):
+                continue
+            latest.pop(key, None)
+            latest[key] = cells  # NOTES: the cells as written: nothing is re-formatted
+    dropped = records - len(latest)
+    if dropped <= 0:
+        return 0
+    tmp = path.with_name(f".{path.name}.compact-{os.getpid()}")
+    try:
+        with open(tmp, "w", newline="") as f:
+            f.write(csv_line(COLUMNS))
+            for cells in latest.values():
+                f.write(csv_line(cells))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dropped
+
+
 def done_keys(rows: Iterable[dict]) -> set[Key]:
     """Keys a resumed sweep skips: rows that finished ("ok") or were skipped for a reason that still holds.
 
-    NOTES: failed rows are retried; their new row supersedes the old one (read_results keeps the last)."""
+    NOTES: failed rows are retried; their new row supersedes the old one (read_results keeps the last, and
+    compact_results drops the old one from the file when the run ends)."""
     return {row_key(r) for r in rows if r["status"] in ("ok", "skipped")}
 
 

@@ -7,6 +7,7 @@ Imported only for ``--scheduler`` / ``--local-cluster``; without them the sweep 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -90,6 +91,32 @@ def worker_cache_dir(shared: str | None, host: str, worker_name: str) -> tuple[s
     return str(Path(user_cache_dir("deep_gemm")) / "sweep-workers" / safe), "per worker"
 
 
+def cache_dir_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a kernel cache root on this machine, or None: deep_gemm keeps cache/ and tmp/ inside
+    it and builds in tmp/, so both are created (as deep_gemm would) and a file written and removed in tmp/.
+
+    NOTES: deep_gemm itself falls back to the user cache directory when its root is unusable (a warning in the
+    worker's log): for --worker-cache-dir that silently splits the shared cache, so the sweep refuses instead."""
+    root = Path(path).expanduser()
+    try:
+        for sub in ("cache", "tmp"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=root / "tmp", prefix=".probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+    return None
+
+
+def check_worker_cache_dir(path: str, where: str = "") -> None:
+    """Raise ValueError naming --worker-cache-dir and ``path`` when it cannot be a kernel cache root here."""
+    problem = cache_dir_problem(path)
+    if problem is not None:
+        raise ValueError(f"--worker-cache-dir {path}: not usable as the workers' kernel cache{where} ({problem}); "
+                         "give a directory every worker can create and write")
+
+
 def _worker_setup(opts: dict, worker_name: str) -> dict:
     """Once per worker process and sweep: choose its kernel cache, then measure its machine (under the host lock).
 
@@ -105,6 +132,8 @@ def _worker_setup(opts: dict, worker_name: str) -> dict:
 
     host = machine_identity()["host"]
     cache_dir, cache_from = worker_cache_dir(opts.get("worker_cache_dir"), host, worker_name)
+    if opts.get("worker_cache_dir"):  # a worker that joined after the client checked them all
+        check_worker_cache_dir(cache_dir, f" on worker {worker_name} ({host})")
     # NOTES: set before this process builds its first kernel (deep_gemm reads it at each lookup).
     os.environ["DG_JIT_CACHE_DIR"] = cache_dir
     shared = Path(tempfile.gettempdir()) / f"deep_gemm-sweep-machine-{token}.json"
@@ -178,17 +207,76 @@ def _sigint_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def connect(scheduler: str | None, local_workers: int | None, *, wait_s: float = 120.0):
+# NOTES: Dask's loggers and those of the event loop under it. A cluster that is closing logs comm errors with their
+# tracebacks (a worker's heartbeat to a scheduler that already left, a stream closed mid-message) that say nothing
+# about the sweep: a user who pressed Ctrl-C saw them after "interrupted", and a test reading stderr failed on them.
+QUIET_LOGGERS = ("distributed", "tornado", "asyncio", "bokeh")
+# The flag file a local cluster's worker processes check (set in their environment by connect()).
+QUIET_FLAG_ENV = "DEEP_GEMM_SWEEP_QUIET_FLAG"
+
+
+class QuietWhenClosing(logging.Filter):
+    """Drops the QUIET_LOGGERS' records once the client starts closing: ``closing`` set in this process, or the
+    ``flag`` file present (how the client tells its local workers; a file, so no message has to reach a busy or
+    half-closed worker)."""
+
+    def __init__(self, flag: str | None = None) -> None:
+        super().__init__()
+        self.flag = flag
+        self.closing = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.split(".", 1)[0] not in QUIET_LOGGERS:
+            return True
+        return not (self.closing or (self.flag is not None and os.path.exists(self.flag)))
+
+
+def _all_handlers() -> list[logging.Handler]:
+    # NOTES: a filter on a logger does not see the records its children propagate; one on each handler does.
+    loggers = [logging.getLogger(), *(lg for lg in list(logging.Logger.manager.loggerDict.values())
+                                      if isinstance(lg, logging.Logger))]
+    handlers = {id(h): h for lg in loggers for h in lg.handlers}
+    if logging.lastResort is not None:
+        handlers[id(logging.lastResort)] = logging.lastResort
+    return list(handlers.values())
+
+
+def install_quiet_filter(flag: str | None = None) -> QuietWhenClosing:
+    """Add a QuietWhenClosing filter to every handler of this process; remove_quiet_filter takes it off again."""
+    quiet = QuietWhenClosing(flag)
+    for handler in _all_handlers():
+        handler.addFilter(quiet)
+    return quiet
+
+
+def remove_quiet_filter(quiet: QuietWhenClosing) -> None:
+    for handler in _all_handlers():
+        handler.removeFilter(quiet)
+
+
+def dask_setup(worker) -> None:
+    """Preload hook of a local cluster's worker processes (connect() names this module): quiet once the client's
+    flag file appears."""
+    flag = os.environ.get(QUIET_FLAG_ENV)
+    if flag:
+        install_quiet_filter(flag)
+
+
+def connect(scheduler: str | None, local_workers: int | None, *, wait_s: float = 120.0,
+            quiet_flag: str | None = None):
     """(client, cluster or None): a LocalCluster of ``local_workers`` worker processes (one thread each, resource
-    timing=1), or a client of the scheduler at ``scheduler``; waits for at least one worker."""
+    timing=1), or a client of the scheduler at ``scheduler``; waits for at least one worker. A local cluster's
+    workers go quiet (QuietWhenClosing) once the file ``quiet_flag`` exists."""
     require_distributed()
     from distributed import Client, LocalCluster
 
     cluster = None
     if local_workers is not None:
+        quiet = {} if quiet_flag is None else {"preload": [__name__], "env": {QUIET_FLAG_ENV: quiet_flag}}
         with _sigint_ignored():
             cluster = LocalCluster(n_workers=local_workers, threads_per_worker=1, processes=True,
-                                   resources={RESOURCE: 1}, dashboard_address=None, silence_logs=logging.ERROR)
+                                   resources={RESOURCE: 1}, dashboard_address=None, silence_logs=logging.ERROR,
+                                   **quiet)
         client = Client(cluster)
     else:
         client = Client(scheduler, timeout=30)
@@ -266,9 +354,15 @@ def run_cpu_dask(args, tasks: list[tuple], writer, info: dict, *, runner, arch: 
     from _sweep_plan import kernel_groups
     from distributed import as_completed
 
-    client, cluster = connect(args.scheduler, args.local_cluster)
+    token = uuid.uuid4().hex[:12]
+    quiet_flag = Path(tempfile.gettempdir()) / f"deep_gemm-sweep-closing-{token}"
+    quiet = install_quiet_filter()
     futures = []
-    token = None
+    try:
+        client, cluster = connect(args.scheduler, args.local_cluster, quiet_flag=str(quiet_flag))
+    except BaseException:
+        remove_quiet_filter(quiet)
+        raise
     try:
         workers = check_resources(client)
         hosts = {w["host"] for a, w in _workers_info(client).items() if a in workers}
@@ -277,9 +371,19 @@ def run_cpu_dask(args, tasks: list[tuple], writer, info: dict, *, runner, arch: 
         here = Path(__file__).resolve().parent
         for name in BENCH_MODULES:
             client.upload_file(str(here / name), load=False)
-        token = uuid.uuid4().hex[:12]
+        shared_cache = None if args.worker_cache_dir is None else str(args.worker_cache_dir)
+        if shared_cache is not None:
+            # NOTES: checked where it is used, on each worker, before any shape runs (the client may not see the
+            # workers' file systems); the sweep's own check covered the client's machine for a local cluster.
+            problems = client.run(cache_dir_problem, shared_cache)
+            bad = {addr: why for addr, why in problems.items() if why is not None}
+            if bad:
+                addr, why = next(iter(sorted(bad.items())))
+                raise ValueError(f"--worker-cache-dir {shared_cache}: not usable as the kernel cache of "
+                                 f"{len(bad)} of {len(problems)} workers (worker {addr}: {why}); give a directory "
+                                 "every worker can create and write")
         opts = {"token": token,
-                "worker_cache_dir": None if args.worker_cache_dir is None else str(args.worker_cache_dir),
+                "worker_cache_dir": shared_cache,
                 "ceiling_gflops": args.ceiling_gflops, "bandwidth_gbs": args.bandwidth_gbs, "seed": args.seed,
                 "min_repeats": args.repeats, "max_repeats": args.max_repeats, "target_s": args.target_seconds,
                 "spread_tol": args.spread_tol, "max_mem_gb": args.max_mem_gb,
@@ -321,17 +425,38 @@ def run_cpu_dask(args, tasks: list[tuple], writer, info: dict, *, runner, arch: 
             report.step(task, None if meta is None else meta["worker"])
         bar.close()
     finally:
-        if token is not None:
-            with contextlib.suppress(OSError):  # the client and a local cluster share the temp directory
-                (Path(tempfile.gettempdir()) / f"deep_gemm-sweep-machine-{token}.json").unlink(missing_ok=True)
-        with contextlib.suppress(Exception):
-            client.cancel(futures, force=True)
-        with contextlib.suppress(Exception):
-            client.close(timeout=10)
-        if cluster is not None:
-            with contextlib.suppress(Exception):
-                cluster.close(timeout=10)
+        # Quiet from here on: in this process at once, in a local cluster's workers once the flag file exists.
+        quiet.closing = True
+        with contextlib.suppress(OSError):
+            quiet_flag.touch()
+        closed = _close(client, cluster, futures)
+        # NOTES: after the close: a worker still measuring its machine when the client stopped writes the file late.
+        with contextlib.suppress(OSError):  # the client and a local cluster share the temp directory
+            (Path(tempfile.gettempdir()) / f"deep_gemm-sweep-machine-{token}.json").unlink(missing_ok=True)
+        if closed:
+            remove_quiet_filter(quiet)
+            with contextlib.suppress(OSError):
+                quiet_flag.unlink(missing_ok=True)
+        else:
+            # NOTES: a close that timed out goes on in the background (and may still log): stay quiet until exit.
+            atexit.register(lambda: quiet_flag.unlink(missing_ok=True))
     return written
+
+
+def _close(client, cluster, futures) -> bool:
+    """Cancel ``futures``, close the client and the local cluster; False if a step failed or timed out.
+
+    NOTES: a worker busy in a shape is stopped by its nanny (asked, then killed after a few seconds), so a close
+    takes seconds; the bounds are for a machine too loaded to close even so."""
+    with contextlib.suppress(Exception):
+        client.cancel(futures, force=True)
+    closed = True
+    for close in (client.close, *(() if cluster is None else (cluster.close,))):
+        try:
+            close(timeout=30)
+        except Exception:  # noqa: BLE001 (closing what is left; the rows are written)
+            closed = False
+    return closed
 
 
 def _account(workers: dict, meta: dict) -> None:

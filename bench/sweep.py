@@ -48,7 +48,9 @@ results.csv schema (one row per (mode, dtype, m, n, k); the same columns for eve
     cpu_model         cpu: its CPU model name (/proc/cpuinfo)
 
 Resume: ``--resume`` appends to DIR/results.csv and skips keys whose last row is ok or skipped; failed rows are
-retried, and the newest row of a key is the one that counts. Without it an existing results.csv is moved to
+retried, and the newest row of a key is the one that counts: when the run ends (finished, interrupted or stopped)
+the file is rewritten with one row per key, a retried shape's new row replacing its failed one (written beside
+it and renamed over it, so either file is whole). Without it an existing results.csv is moved to
 results.csv.bak. Ctrl-C keeps every finished row (each is written whole and fsynced) and still writes the summary.
 A failed write (a full disk) leaves results.csv ending with the last finished row, prints where the sweep stopped
 and the summary of the rows so far, and exits with status 1; bad arguments and paths are one-line errors. Rows are
@@ -73,6 +75,7 @@ from _sweep_csv import (  # noqa: E402
     STATUSES,
     ResultsWriteError,
     ResultsWriter,
+    compact_results,
     describe_error,
     done_keys,
     new_row,
@@ -141,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local-cluster", type=int, default=None, metavar="N",
                    help="cpu: start a local Dask cluster of N worker processes and run the shapes there")
     p.add_argument("--worker-cache-dir", type=Path, default=None, metavar="DIR",
-                   help="Dask: one DG_JIT_CACHE_DIR shared by all workers (default: each worker its own)")
+                   help="Dask: one DG_JIT_CACHE_DIR shared by all workers (default: each worker its own); the "
+                        "sweep refuses to start unless every worker can create and write it")
     # NOTES: "numpy" swaps the stand-in for _sweep_cpu.NumpyRunner: plumbing runs and the tests, never figures.
     p.add_argument("--runner", choices=("deep_gemm", "numpy"), default="deep_gemm", help=argparse.SUPPRESS)
     p.add_argument("--no-plots", action="store_true")
@@ -164,6 +168,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--scheduler/--local-cluster run the cpu mode; --mode model needs neither")
     if args.local_cluster is not None and args.local_cluster < 1:
         parser.error(f"--local-cluster must be >= 1, got {args.local_cluster}")
+    if args.worker_cache_dir is not None:
+        if args.scheduler is None and args.local_cluster is None:
+            parser.error(f"--worker-cache-dir {args.worker_cache_dir}: it is the Dask workers' kernel cache; it "
+                         "needs --scheduler or --local-cluster (set DG_JIT_CACHE_DIR for this process's)")
+        if args.scheduler is not None and not args.worker_cache_dir.expanduser().is_absolute():
+            parser.error(f"--worker-cache-dir {args.worker_cache_dir}: must be an absolute path with --scheduler "
+                         "(the workers do not share this client's working directory)")
+        # NOTES: a local cluster's workers run here, in this working directory: the same path for all of them.
+        args.worker_cache_dir = args.worker_cache_dir.expanduser().absolute()
     if args.plan_only and args.mode == "model":
         parser.error("--plan-only estimates the cpu mode; use --mode cpu")
     if args.spread_tol < 0:
@@ -486,6 +499,12 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
     if args.plan_only:
         print_plan(args, shapes, dtypes, existing, done, runner)
         return {"plan_only": True}
+    if "cpu" in modes and args.local_cluster is not None and args.worker_cache_dir is not None:
+        from _sweep_dask import check_worker_cache_dir
+
+        # NOTES: a local cluster's workers run on this machine: refuse an unusable directory before the sweep starts
+        # (deep_gemm would fall back to each worker's own cache, silently); --scheduler's workers check it themselves.
+        check_worker_cache_dir(str(args.worker_cache_dir))
     machine: dict = {"chip": [], "cpu": None}
     cpu_run: dict = {}
     started = time.time()
@@ -514,6 +533,14 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
     finally:
         writer.close()
 
+    # NOTES: read before compacting: start_offset is a byte offset into the file as this invocation appended to it.
+    shapes_run = _cpu_rows_since(results, start_offset)
+    try:
+        compact_results(results)  # one row per key: a retried shape's row replaces its failed one
+    except (OSError, ValueError) as e:
+        print(f"could not rewrite {results} with one row per shape ({getattr(e, 'strerror', None) or e}): "
+              "superseded failed rows stay in it (readers and --resume keep each shape's newest row)",
+              file=sys.stderr)
     rows = read_results(results)
     selected = {(mode, dtype, *s) for mode in modes for dtype in dtypes for s in shapes}
     run_info = {
@@ -527,7 +554,7 @@ def run(argv: list[str] | None = None, *, runner=None, estimator=None, cpu_machi
         "plan": cpu_run.get("plan"),
         # NOTES: exactly which CPU shapes this invocation ran (rows written, in order); rows of earlier runs of a
         # resumed file are in results.csv but not here.
-        "shapes_run": _cpu_rows_since(results, start_offset),
+        "shapes_run": shapes_run,
     }
     if stopped:
         run_info["stopped"] = stopped

@@ -1,4 +1,5 @@
-"""deep_gemm: DeepGEMM-Ascend's API on numpy arrays, run on CPU cores standing in for Ascend AI cores.
+"""deep_gemm: DeepGEMM-Ascend's API on numpy arrays (and CPU torch tensors), run on CPU cores standing in for Ascend
+AI cores.
 
 Re-exports only. Names resolve lazily on first use, so ``import deep_gemm`` neither imports numba nor compiles.
 """
@@ -77,6 +78,19 @@ _export(
     "unpack_sf_from_required_layout",
 )
 
+# CUDA DeepGEMM's TMA-aligned scale layouts (the GEMMs accept what they produce)
+_export(
+    ".utils.tma",
+    "get_tma_aligned_size", "get_mn_major_tma_aligned_tensor", "get_mn_major_tma_aligned_packed_ue8m0_tensor",
+    "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
+)
+
+# Locality domains (no-ops on Ascend: one domain)
+_export(
+    ".locality_domain",
+    "get_num_locality_domains", "is_localization_available", "localize", "is_localized", "destroy_localizer",
+)
+
 # HyperConnection
 _export(".api.hc_prenorm", "tf32_hc_prenorm_gemm")
 
@@ -90,9 +104,18 @@ _export(".estimate_hc", "estimate_hc_prenorm_gemm", "HcPrenormEstimate")
 _SUBMODULES = ("utils", "testing", "heuristics", "jit", "device", "kernels", "api", "envs", "runtime", "epilogue")
 
 
+# NOTES: every exported function but the runtime controls (they take no arrays) takes CPU torch tensors wherever it
+# takes numpy arrays, zero-copy both ways (deep_gemm/_torch.py); torch is never imported for it.
+_NO_ARRAYS = (".runtime",)
+
+
 def __getattr__(name: str):
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+        if _EXPORTS[name] not in _NO_ARRAYS:
+            from ._torch import accepts_torch
+
+            value = accepts_torch(value, __name__ if getattr(value, "__name__", None) in _EXPORTS else None)
         globals()[name] = value
         return value
     if name in _SUBMODULES:

@@ -1,12 +1,16 @@
-"""Every environment variable deep_gemm reads, declared once: name, type, default and meaning.
+"""Every environment variable deep_gemm reads, declared once: name, type, default, accepted values and meaning.
 
 Read them through the accessors here (never ``os.environ`` elsewhere), so the README table and the code agree.
+Every variable that is set is parsed when this module is imported (check_environment): a bad value fails at the
+start with a ValueError naming the variable and the value, not inside the first GEMM call. Knows nothing else.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -15,26 +19,60 @@ class EnvVar:
     kind: type
     default: object
     doc: str
+    choices: tuple[str, ...] = ()  # str: the accepted values (case is ignored; get() returns the spelling here)
+    minimum: int | None = None  # int: the smallest accepted value
+    ignored_prefix: str = ""  # str with choices: a prefix a value may carry ("Ascend950PR" for DG_NPU_ARCH)
 
     def get(self):
+        """The variable's value now (the default when unset or empty). Raises ValueError naming the variable, its
+        value and what is accepted when the value does not parse."""
         raw = os.environ.get(self.name)
         if raw is None or raw == "":
             return self.default
+        return self.parse(raw)
+
+    def parse(self, raw: str):
+        text = raw.strip()
         if self.kind is bool:
-            return raw.strip().lower() not in ("0", "false", "no", "off")
+            if text.lower() in _TRUE:
+                return True
+            if text.lower() in _FALSE:
+                return False
+            raise self._invalid(raw, f"a boolean: {', '.join(_TRUE)} or {', '.join(_FALSE)}")
         if self.kind is int:
+            floor = f" >= {self.minimum}" if self.minimum is not None else ""
             try:
-                return int(raw)
-            except ValueError as e:
-                raise ValueError(f"{self.name}={raw!r} is not an integer") from e
+                value = int(text)
+            except ValueError:
+                raise self._invalid(raw, f"an integer{floor}") from None
+            if self.minimum is not None and value < self.minimum:
+                raise self._invalid(raw, f"an integer{floor}")
+            return value
+        if self.choices:
+            key = self._canonical(text)
+            for choice in self.choices:
+                if self._canonical(choice) == key:
+                    return choice
+            raise self._invalid(raw, f"one of {', '.join(self.choices)}")
         return raw
+
+    def _canonical(self, text: str) -> str:
+        key = text.strip().upper()
+        prefix = self.ignored_prefix.upper()
+        if prefix and key.startswith(prefix):
+            key = key[len(prefix):].strip().lstrip("_-")
+        return key
+
+    def _invalid(self, raw: str, expected: str) -> ValueError:
+        return ValueError(f"environment variable {self.name}={raw!r} is invalid: expected {expected} ({self.doc}); "
+                          f"unset it or set a valid value")
 
 
 ENV_VARS: dict[str, EnvVar] = {}
 
 
-def _declare(name: str, kind: type, default: object, doc: str) -> EnvVar:
-    var = EnvVar(name, kind, default, doc)
+def _declare(name: str, kind: type, default: object, doc: str, **checks) -> EnvVar:
+    var = EnvVar(name, kind, default, doc, **checks)
     ENV_VARS[name] = var
     return var
 
@@ -48,6 +86,7 @@ DG_JIT_CACHE_DIR = _declare(
 DG_JIT_DEBUG = _declare(
     "DG_JIT_DEBUG", int, 0,
     "JIT log level: 1 cache hits/misses and timings, 2 + configs, 3 + rendered source, 4 + translated source",
+    minimum=0,
 )
 DG_PRINT_CONFIGS = _declare("DG_PRINT_CONFIGS", bool, False, "Print each distinct GEMM problem and its config once")
 DG_JIT_FAST_MATH_SETUP = _declare(
@@ -55,12 +94,16 @@ DG_JIT_FAST_MATH_SETUP = _declare(
     "Let deep_gemm turn on numba's SLP vectorizer and full-width vectors before its first compile (0 to opt out)",
 )
 DG_TEST_MAX_WORKERS = _declare(
-    "DG_TEST_MAX_WORKERS", int, None, "Worker processes for parallel precompilation (default: CPU count)"
+    "DG_TEST_MAX_WORKERS", int, None, "Worker processes for parallel precompilation (default: CPU count)", minimum=1
 )
 
 # Runtime defaults
-DG_NPU_ARCH = _declare("DG_NPU_ARCH", str, "950DT", "Default modelled NPU: 950DT, 950PR or 910B2")
-DG_NUM_AI_CORES = _declare("DG_NUM_AI_CORES", int, None, "Default logical AI-core count (default: the arch's count)")
+# NOTES: the names of heuristics/arch.py's ARCHS, matched as get_arch matches them (importing the heuristics here
+# would cost every process that runs a cached kernel); tests/jit/test_cache_damage.py checks the two agree.
+DG_NPU_ARCH = _declare("DG_NPU_ARCH", str, "950DT", "Default modelled NPU: 950DT, 950PR or 910B2",
+                       choices=("950DT", "950PR", "910B2"), ignored_prefix="Ascend")
+DG_NUM_AI_CORES = _declare("DG_NUM_AI_CORES", int, None, "Default logical AI-core count (default: the arch's count)",
+                           minimum=1)
 DG_JIT_DEFER_SCIPY = _declare(
     "DG_JIT_DEFER_SCIPY", bool, True,
     "Skip numba's import-time scipy.linalg probe (~0.3-1 s per process); np.dot/linalg in numba still import it",
@@ -68,10 +111,12 @@ DG_JIT_DEFER_SCIPY = _declare(
 DG_JIT_LAUNCHER = _declare(
     "DG_JIT_LAUNCHER", str, "threads",
     "How a kernel's logical AI cores map to CPU threads: threads (deep_gemm's pool, nogil kernel) or prange (numba)",
+    choices=("threads", "prange"),
 )
 DG_JIT_KERNEL_OPT = _declare(
     "DG_JIT_KERNEL_OPT", str, "cheap",
     "Module optimization of generated kernels after linking device code: cheap (default, faster compile) or full",
+    choices=("cheap", "full"),
 )
 DG_JIT_NATIVE = _declare(
     "DG_JIT_NATIVE", bool, True,
@@ -88,3 +133,20 @@ DG_SYNC_CHECK = _declare(
     "Synchronisation checker: kernels record every SetFlag/WaitFlag/PipeBarrier and cross-core flag and raise "
     "SyncCheckError on a protocol error (separate cache entries)",
 )
+
+
+def check_environment() -> None:
+    """Parse every declared variable that is set; one ValueError naming each invalid one (variable and value)."""
+    problems = []
+    for var in ENV_VARS.values():
+        try:
+            var.get()
+        except ValueError as e:
+            problems.append(str(e))
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
+# NOTES: at import, so a bad value (DG_JIT_DEBUG=yes) fails before any work, with the variable in the message, instead
+# of from deep inside the first GEMM call; get() still checks a value set after the import.
+check_environment()

@@ -15,6 +15,8 @@ import math
 
 import numpy as np
 
+from ._torch import is_torch_tensor
+
 __all__ = ["Epilogue", "Identity", "Alpha", "FP8Quantization"]
 
 
@@ -49,8 +51,9 @@ class FP8Quantization(Epilogue):
     the odd ones). D = codes * scale reproduces the fp32 GEMM output to FP8 precision."""
 
     def __init__(self, sfd: np.ndarray):
-        if not isinstance(sfd, np.ndarray):
-            raise TypeError(f"FP8Quantization(sfd): sfd must be a numpy.ndarray, got {type(sfd).__name__}")
+        if not isinstance(sfd, np.ndarray) and not is_torch_tensor(sfd):
+            raise TypeError(f"FP8Quantization(sfd): sfd must be a numpy.ndarray or a CPU torch tensor, got "
+                            f"{type(sfd).__name__}")
         self.sfd = sfd
 
     def __repr__(self) -> str:

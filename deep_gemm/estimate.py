@@ -96,9 +96,10 @@ def _short(value: object) -> str:
 
 
 def _check_size(name: str, value: object) -> int:
-    """A positive int (Python or numpy integer) no larger than MAX_SIZE; ValueError naming ``name`` otherwise."""
+    """A positive int (Python or numpy integer) no larger than MAX_SIZE: TypeError naming ``name`` for anything but
+    an integer (a str, a float, a bool), ValueError for one out of range."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be a positive integer, got {type(value).__name__}: {name}={_short(value)}")
+        raise TypeError(f"{name} must be a positive integer, got {type(value).__name__}: {name}={_short(value)}")
     value = int(value)
     if value < 1:
         raise ValueError(f"{name}={value} must be >= 1")

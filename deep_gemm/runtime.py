@@ -15,6 +15,9 @@ from .heuristics.arch import ArchSpec, get_arch
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}
+# NOTES: inside a public call (call_state) every read returns the snapshot taken when the call began, so another
+# thread's set_num_ai_cores / set_npu_arch mid-call cannot give one call two configurations.
+_frozen = threading.local()
 
 # NOTES: DeepGEMM-Ascend fixes the M/K alignment of contiguous grouped layouts at 256 (its BLOCK_M for M-grouped).
 _MK_ALIGNMENT = 256
@@ -30,6 +33,35 @@ def _ensure_defaults() -> None:
     if cores is not None:
         _check_cores(cores, arch)
     _state.update(arch=arch, num_ai_cores=cores, mk_alignment=_MK_ALIGNMENT, deterministic=False, dry_run=False)
+
+
+def _read() -> dict[str, object]:
+    """The state this thread sees: its call's snapshot inside a public call, else the process-wide settings."""
+    state = getattr(_frozen, "state", None)
+    if state is not None:
+        return state
+    with _lock:
+        _ensure_defaults()
+        return dict(_state)
+
+
+class call_state:
+    """``with call_state():`` freezes the runtime settings for this thread for the block (one public call: the
+    core count, arch, alignment, determinism and dry-run mode it reads are those at its start). Nested blocks join
+    the outer one."""
+
+    __slots__ = ("_outer",)
+
+    def __enter__(self) -> None:
+        self._outer = getattr(_frozen, "state", None)
+        if self._outer is None:
+            with _lock:
+                _ensure_defaults()
+                _frozen.state = dict(_state)
+
+    def __exit__(self, *exc) -> None:
+        if self._outer is None:
+            _frozen.state = None
 
 
 def _check_cores(n: object, arch: ArchSpec) -> int:
@@ -49,10 +81,9 @@ def set_num_ai_cores(num_ai_cores: int) -> None:
 
 def get_num_ai_cores() -> int:
     """The logical AI-core count kernels use: the last ``set_num_ai_cores``, else the arch's full count."""
-    with _lock:
-        _ensure_defaults()
-        n = _state["num_ai_cores"]
-        return _state["arch"].num_ai_cores if n is None else n
+    state = _read()
+    n = state["num_ai_cores"]
+    return state["arch"].num_ai_cores if n is None else n
 
 
 # DeepGEMM's names: an "SM" is an AI core here.
@@ -78,9 +109,7 @@ def get_npu_arch() -> str:
 
 def get_arch_spec() -> ArchSpec:
     """The ``ArchSpec`` of the modelled NPU."""
-    with _lock:
-        _ensure_defaults()
-        return _state["arch"]
+    return _read()["arch"]
 
 
 def set_mk_alignment_for_contiguous_layout(value: int) -> None:
@@ -95,9 +124,7 @@ def set_mk_alignment_for_contiguous_layout(value: int) -> None:
 
 
 def get_mk_alignment_for_contiguous_layout() -> int:
-    with _lock:
-        _ensure_defaults()
-        return _state["mk_alignment"]
+    return _read()["mk_alignment"]
 
 
 def get_theoretical_mk_alignment_for_contiguous_layout(expected_m: int | None = None) -> int:
@@ -119,9 +146,7 @@ def use_deterministic_algorithms(enabled: bool = True) -> None:
 
 
 def get_deterministic_algorithms() -> bool:
-    with _lock:
-        _ensure_defaults()
-        return _state["deterministic"]
+    return _read()["deterministic"]
 
 
 def set_dry_run(value: bool) -> None:
@@ -134,9 +159,7 @@ def set_dry_run(value: bool) -> None:
 
 
 def get_dry_run() -> bool:
-    with _lock:
-        _ensure_defaults()
-        return _state["dry_run"]
+    return _read()["dry_run"]
 
 
 @contextlib.contextmanager

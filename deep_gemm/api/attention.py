@@ -28,6 +28,7 @@ from ..heuristics.mqa import (
 from ..utils.layout import transform_sf_into_required_layout
 from ..utils.math import align
 from .checks import BF16, FP8, FP32, INT16, PACKED_FP4, require_array
+from .guard import api_call, protect
 
 # NOTES: DeepGEMM-Ascend pads the logits' row stride to 512 bytes (256 bf16 elements).
 LOGITS_ROW_ALIGN = 256
@@ -160,6 +161,7 @@ def _check_q(q: object, name: str = "q", paged: bool = False):
 # Ragged MQA logits
 
 
+@api_call
 def fp8_fp4_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, max_seqlen_k=0, clean_logits=True):
     """Weighted-ReLU MQA logits over ragged key ranges (DeepSeek V3.2's indexer, prefill):
 
@@ -232,6 +234,7 @@ def fp8_fp4_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, max
         return logits
 
     # Dispatch
+    protect(work=2.0 * seq_len * num_heads * head_dim * out_cols)
     from ..kernels.mqa_logits import launch_mqa_logits
 
     q_rows = _rows_view(qv, seq_len * num_heads, qv.shape[-1])
@@ -244,6 +247,7 @@ def fp8_fp4_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, max
     return logits
 
 
+@api_call
 def fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits=True, max_seqlen_k=0):
     """CUDA DeepGEMM's legacy name (and argument order: clean_logits before max_seqlen_k) of fp8_fp4_mqa_logits."""
     return fp8_fp4_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, max_seqlen_k=max_seqlen_k,
@@ -285,6 +289,7 @@ def _schedule(context_lens: np.ndarray, num_heads: int, num_cores: int) -> np.nd
     return meta
 
 
+@api_call
 def get_paged_mqa_logits_metadata(context_lens, num_heads, indices=None):
     """The paged kernel's schedule: int32 [num_ai_cores + 1, 2], row c the (query atom, 256-key unit) where core c's
     share of the work starts, the last row the end (num_atoms, 0). A unit is one atom (the query tokens of a batch
@@ -344,6 +349,7 @@ def _cache_kind(kv_cache: np.ndarray, head_dim: int, ascend: bool) -> str:
                      f"(FP8) or {want[1]} (FP4) bytes per token")
 
 
+@api_call
 def fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len,
                              indices=None, use_ascend_kv_layout=False):
     """Weighted-ReLU MQA logits of decode against a paged KV cache:
@@ -427,6 +433,7 @@ def fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, sc
         return logits
 
     # Dispatch
+    protect(work=2.0 * rows * num_heads * head_dim * max_context_len)
     from ..kernels.mqa_logits import launch_paged_mqa_logits
 
     launch_paged_mqa_logits(_rows_view(qv, rows * num_heads, qv.shape[-1]), sfq, cache, bt,
@@ -437,6 +444,7 @@ def fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, sc
     return logits
 
 
+@api_call
 def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len,
                          clean_logits=False, indices=None):
     """CUDA DeepGEMM's legacy name of fp8_fp4_paged_mqa_logits (its layout: use_ascend_kv_layout=False)."""
@@ -446,6 +454,7 @@ def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedu
                                     indices=indices)
 
 
+@api_call
 def build_paged_kv_cache(kv, block_table, num_blocks, page_size=64, context_lens=None, use_ascend_kv_layout=False):
     """The uint8 paged cache fp8_fp4_paged_mqa_logits reads, from dense keys and a block table.
 
@@ -468,6 +477,10 @@ def build_paged_kv_cache(kv, block_table, num_blocks, page_size=64, context_lens
     if page_size not in PAGE_SIZES:
         raise ValueError(f"page_size={page_size} must be one of {PAGE_SIZES}")
     num_blocks = _check_int(num_blocks, "num_blocks")
+    if not isinstance(use_ascend_kv_layout, (bool, np.bool_)):
+        # NOTES: bool("False") is True: a string would silently pick the Ascend layout
+        raise TypeError(f"use_ascend_kv_layout must be a bool, got {type(use_ascend_kv_layout).__name__}: "
+                        f"{use_ascend_kv_layout!r}")
     ascend = bool(use_ascend_kv_layout)
     lens = np.full(batch, length, np.int64) if context_lens is None else \
         _check_context_lens(context_lens, "context_lens")[:, 0].astype(np.int64)

@@ -128,6 +128,7 @@ def check_output(d: object, m: int, n: int, c: object,
         raise ValueError(f"d must have unit stride along N, got strides(bytes)={d.strides}")
     if d.size and m > 1 and d.strides[0] < n * d.itemsize:
         raise ValueError(f"d rows must not overlap: outer stride {d.strides[0]} bytes < {n=} * {d.itemsize} bytes")
+    check_no_self_overlap(d, "d")
     if not d.flags.writeable:
         raise ValueError(f"d is read-only ({d.flags.writeable=}); pass a writable array")
     if c is not None:
@@ -141,6 +142,24 @@ def check_output(d: object, m: int, n: int, c: object,
                 f"c overlaps d without being the same view ({c.strides=} {d.strides=}); pass c=d to accumulate in place"
             )
     return d, c, out_kind
+
+
+def check_no_self_overlap(x: np.ndarray, name: str) -> None:
+    """Every output: no byte reachable through two indices (any rank, any strides, zero and negative strides
+    included). Raises ValueError naming ``name``, its shape and strides.
+
+    NOTES: the axes of extent > 1, by increasing |stride|, must each step over everything the smaller axes span;
+    this is exact for every layout numpy's slicing, transposes and reshapes produce (interleaved stride patterns
+    that happen not to collide are refused too, as the kernels could not address them anyway)."""
+    if x.size <= 1:
+        return
+    span = x.itemsize
+    for stride, extent in sorted((abs(s), e) for s, e in zip(x.strides, x.shape, strict=True) if e > 1):
+        if stride < span:
+            raise ValueError(f"{name} overlaps itself: shape={x.shape} strides(bytes)={x.strides} reach some "
+                             f"elements through two indices; every output element needs its own memory (e.g. a "
+                             f"C-contiguous array)")
+        span += stride * (extent - 1)
 
 
 def same_view(x: np.ndarray, y: np.ndarray) -> bool:

@@ -22,6 +22,7 @@ from .grouped import (
     make_group_operand,
     run_m_grouped,
 )
+from .guard import api_call
 
 # expression -> (A permutation to [batch, M, K], B permutation to [batch, N, K], D permutation to [batch, M, N])
 EINSUM_EXPRESSIONS = {
@@ -120,6 +121,7 @@ def plan_fp8_bmm(a, b, d, c=None, recipe=(1, 1, 32), compiled_dims="nk") -> MGro
     return _plan_bmm(a_arr, sfa, b_arr, sfb, d, c, ("fp8", "fp4"), recipe, compiled_dims)
 
 
+@api_call
 def fp8_bmm(a, b, d, c=None, recipe=(1, 1, 32), compiled_dims="nk"):
     """Batched FP8/FP4 GEMM: D[i] = C[i] + dequant(A[i]) @ dequant(B[i])^T.
 
@@ -134,6 +136,7 @@ def plan_bf16_bmm(a, b, d, c=None, compiled_dims="nk") -> MGroupedPlan:
     return _plan_bmm(require_array(a, "a"), None, require_array(b, "b"), None, d, c, ("bf16",), None, compiled_dims)
 
 
+@api_call
 def bf16_bmm(a, b, d, c=None, compiled_dims="nk"):
     """Batched BF16 GEMM: D[i] = C[i] + A[i] @ B[i]^T; A bfloat16 [B, M, K], B [B, N, K], D [B, M, N]."""
     return _run(plan_bf16_bmm(a, b, d, c, compiled_dims), False)
@@ -156,6 +159,8 @@ def _permuted(x: np.ndarray, perm, name: str) -> np.ndarray:
 
 def plan_einsum(expr, a, b, d, c=None, use_cublaslt=False) -> MGroupedPlan:
     _, (pa, pb, pd) = _einsum_perms(expr)
+    if not isinstance(use_cublaslt, (bool, np.bool_)):
+        raise TypeError(f"use_cublaslt must be a bool, got {type(use_cublaslt).__name__}: {use_cublaslt!r}")
     if use_cublaslt:
         raise ValueError("use_cublaslt=True is not supported (as on DeepGEMM-Ascend)")
     a_arr, b_arr = require_array(a, "a"), require_array(b, "b")
@@ -165,6 +170,7 @@ def plan_einsum(expr, a, b, d, c=None, use_cublaslt=False) -> MGroupedPlan:
     return _plan_bmm(a_p, None, b_p, None, d, c, ("bf16",), None, "nk", d_perm=pd)
 
 
+@api_call
 def einsum(expr, a, b, d, c=None, use_cublaslt=False):
     """BF16 einsum for DeepGEMM-Ascend's expressions, as a batched GEMM over h:
     ``bhr,hdr->bhd`` and ``bhd,hdr->bhr`` (a [b, h, .], b [h, d, r], d [b, h, .]) and the weight gradient
@@ -188,6 +194,7 @@ def plan_fp8_einsum(expr, a, b, d, c=None, recipe=(1, 1, 32)) -> MGroupedPlan:
                      recipe, "nk", d_perm=pd)
 
 
+@api_call
 def fp8_einsum(expr, a, b, d, c=None, recipe=(1, 1, 32)):
     """FP8 einsum, the expressions of ``einsum``: a = (x float8_e4m3fn, sf fp32), b likewise; each sf has its
     tensor's index order with the contracted axis of length ceil(len / gran_k) (e.g. ``bhr,hdr->bhd``: sfa

@@ -31,6 +31,7 @@ from .checks import (
     resolve_recipes,
     transposed,
 )
+from .guard import api_call, protect
 
 
 def _split_pair(x: object, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -166,6 +167,7 @@ def _fp8_out_early_return(d: np.ndarray, sfd: np.ndarray, m: int, n: int, k: int
     return False
 
 
+@api_call
 def fp8_fp4_gemm_nt(
     a: tuple[np.ndarray, np.ndarray],
     b: tuple[np.ndarray, np.ndarray],
@@ -208,6 +210,7 @@ def fp8_fp4_gemm_nt(
     alpha_f = math.ldexp(alpha_f, out_shift)
 
     # Early return
+    protect(d, sfd, work=2.0 * m * n * k)
     if _fp8_out_early_return(d, sfd, m, n, k) if fp8_out else _early_return(d, c, m, n, k):
         return None
 
@@ -222,6 +225,7 @@ def fp8_fp4_gemm_nt(
     )
 
 
+@api_call
 def fp8_fp4_gemm_nn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk",
                     disable_ue8m0_cast=False, alpha=None, epilogue=None):
     """As ``fp8_fp4_gemm_nt`` with B given as [K, N] and its scale factors as [ceil(K/gran_k), N]."""
@@ -230,6 +234,7 @@ def fp8_fp4_gemm_nn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, 
                            disable_ue8m0_cast, alpha, epilogue)
 
 
+@api_call
 def fp8_fp4_gemm_tn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn",
                     disable_ue8m0_cast=False, alpha=None, epilogue=None):
     """As ``fp8_fp4_gemm_nt`` with A given as [K, M] and B as [K, N] (scale factors transposed likewise)."""
@@ -239,6 +244,7 @@ def fp8_fp4_gemm_tn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, 
                            recipe_b, compiled_dims, disable_ue8m0_cast, alpha, epilogue)
 
 
+@api_call
 def fp8_fp4_gemm_tt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn",
                     disable_ue8m0_cast=False, alpha=None, epilogue=None):
     """As ``fp8_fp4_gemm_nt`` with A given as [K, M] (its scale factors as [ceil(K/gran_k), M])."""
@@ -267,6 +273,7 @@ def check_bf16_problem(a, b, d, c, fp8_out: bool = False) -> tuple[Operand, Oper
     return op_a, op_b, d, c, out_kind
 
 
+@api_call
 def bf16_gemm_nt(
     a: np.ndarray,
     b: np.ndarray,
@@ -286,6 +293,7 @@ def bf16_gemm_nt(
     alpha_f = check_alpha(alpha)
     dims = check_compiled_dims(compiled_dims)
 
+    protect(d, sfd, work=2.0 * m * n * k)
     if _fp8_out_early_return(d, sfd, m, n, k) if fp8_out else _early_return(d, c, m, n, k):
         return None
 
@@ -298,17 +306,20 @@ def bf16_gemm_nt(
     )
 
 
+@api_call
 def bf16_gemm_nn(a, b, d, c=None, compiled_dims="nk", alpha=None, epilogue=None):
     """As ``bf16_gemm_nt`` with B given as [K, N]."""
     return bf16_gemm_nt(a, transposed(require_array(b, "b")), d, c, compiled_dims, alpha, epilogue)
 
 
+@api_call
 def bf16_gemm_tn(a, b, d, c=None, compiled_dims="mn", alpha=None, epilogue=None):
     """As ``bf16_gemm_nt`` with A given as [K, M] and B as [K, N]."""
     return bf16_gemm_nt(transposed(require_array(a, "a")), transposed(require_array(b, "b")), d, c, compiled_dims,
                         alpha, epilogue)
 
 
+@api_call
 def bf16_gemm_tt(a, b, d, c=None, compiled_dims="mn", alpha=None, epilogue=None):
     """As ``bf16_gemm_nt`` with A given as [K, M]."""
     return bf16_gemm_nt(transposed(require_array(a, "a")), b, d, c, compiled_dims, alpha, epilogue)

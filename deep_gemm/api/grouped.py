@@ -25,17 +25,20 @@ from ..utils.layout import (
 from ..utils.math import align, ceil_div
 from .checks import (
     FP32,
+    MAX_DIM,
     OPERAND_KINDS,
     OUT_KINDS,
     check_arch_supports,
     check_compiled_dims,
     check_dims,
     check_no_alias,
+    check_no_self_overlap,
     contiguous_axis,
     rebalance_scales,
     require_array,
     resolve_recipes,
 )
+from .guard import api_call, protect
 
 INT32 = np.dtype(np.int32)
 _KIND_NAMES = {"fp8": "float8_e4m3fn", "fp4": "int8 (packed FP4)", "bf16": "bfloat16"}
@@ -111,6 +114,12 @@ def _group_sf(sf: np.ndarray, op: GroupOperand, gran: tuple[int, int], is_sfa: b
     """Per-group scale factors [G, MN, ...] -> C-contiguous int16 [G * ceil(K/64), MN] (each group's required
     layout, physical, one after another)."""
     gran_mn, gran_k = gran
+    if op.num_groups == 0:
+        # Early return: an empty batch has no scales to convert (the transform needs a group)
+        sf = require_array(sf, sf_name)
+        if sf.ndim != 3 or sf.shape[0] != 0:
+            raise ValueError(f"{sf_name} must be 3-D [0, ...] for an empty batch, got {sf_name}.shape={sf.shape}")
+        return np.zeros((0, op.mn), np.int16)
     recipe = (gran_mn, 1, gran_k) if is_sfa else (1, gran_mn, gran_k)
     try:
         out = transform_sf_into_required_layout(sf, op.mn, op.k, recipe, num_groups=op.num_groups, is_sfa=is_sfa,
@@ -130,6 +139,7 @@ def _check_out(d: object, shape: tuple[int, ...], name: str = "d", kinds: tuple[
         raise ValueError(f"{name} must have shape {shape}, got {d.shape}")
     if d.size and shape[-1] > 1 and d.strides[-1] != d.itemsize:
         raise ValueError(f"{name} must have unit stride along N, got strides(bytes)={d.strides}")
+    check_no_self_overlap(d, name)
     if not d.flags.writeable:
         raise ValueError(f"{name} is read-only ({d.flags.writeable=}); pass a writable array")
     return d, out_kind
@@ -142,8 +152,11 @@ def _rows_view(d: np.ndarray, name: str = "d") -> np.ndarray:
         if d.size and d.shape[0] > 1 and d.strides[0] < d.shape[1] * d.itemsize:
             raise ValueError(f"{name} rows must not overlap: strides(bytes)={d.strides} shape={d.shape}")
         return d
-    flat = d.reshape(-1, d.shape[-1]) if d.size else d.reshape(-1, d.shape[-1])
-    if d.size and not np.shares_memory(flat, d):
+    if not d.size:
+        # NOTES: reshape cannot infer -1 when N == 0; an empty D has no memory to share anyway.
+        return d.reshape(int(np.prod(d.shape[:-1])), d.shape[-1])
+    flat = d.reshape(-1, d.shape[-1])
+    if not np.shares_memory(flat, d):
         raise ValueError(
             f"{name} [G, rows, N] must have groups at a whole number of rows (e.g. C-contiguous); got "
             f"shape={d.shape} strides(bytes)={d.strides}"
@@ -154,6 +167,7 @@ def _rows_view(d: np.ndarray, name: str = "d") -> np.ndarray:
 def _check_int32_vector(x: object, name: str, length: int, length_name: str) -> np.ndarray:
     if not isinstance(x, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray of int32, got {type(x).__name__}")
+    x = require_array(x, name)  # a masked array is refused: its mask would be ignored
     if x.dtype != INT32:
         raise TypeError(f"{name} must have dtype int32, got {x.dtype}")
     if x.ndim != 1 or x.shape[0] != length:
@@ -287,6 +301,7 @@ def run_m_grouped(plan: MGroupedPlan, reference: bool = False) -> object:
         rebalance_m_grouped_sf(plan)  # may raise ValueError: before anything is written
     if runtime.get_dry_run() and not reference:
         return _launch(plan)
+    protect(plan.d_rows, work=2.0 * plan.d_rows.shape[0] * plan.n * plan.k)
     if plan.c_rows is not None and plan.c_rows is not plan.d_rows:
         np.copyto(plan.d_rows, plan.c_rows)
     # NOTES: the kernel writes the padding zeros itself (its cores own the padding chunks); the host writes them
@@ -481,7 +496,8 @@ def plan_m_grouped_contiguous(a, b, d, grouped_layout, *, kinds, nn, recipe=None
     # Operands
     a_arr, sfa, op_b, sfb = _operands_a_b(a, b, kinds, nn)
     a_kind, a_phys, m, k = _a_rows(a_arr, "a", kinds)
-    _check_pair_kinds(a_kind, op_b.kind, a_arr, b)
+    # NOTES: fp4 A x fp8 B is refused as by the dense call (upstream has no such kernel); b is the (B, sfb) pair.
+    _check_pair_kinds(a_kind, op_b.kind, a_arr, b[0] if isinstance(b, (tuple, list)) else b)
     num_groups, n = op_b.num_groups, op_b.mn
     if num_groups < 1:
         raise ValueError(f"b must hold at least one group, got b.shape={op_b.phys.shape} (G=0)")
@@ -513,6 +529,9 @@ def plan_m_grouped_contiguous(a, b, d, grouped_layout, *, kinds, nn, recipe=None
             raise ValueError(f"expected_m_for_psum_layout={expected_m_for_psum_layout!r} is only legal with "
                              "use_psum_layout=True (as upstream)")
         expected = _check_positive_int(expected_m_for_psum_layout, "expected_m_for_psum_layout")
+        # NOTES: a hint (as upstream, where it only feeds the heuristic): no group can hold more than M rows, and
+        # the planned total is a uint32 kernel argument, so a larger hint is clamped rather than refused.
+        expected = min(expected, max(m, 1), MAX_DIM // num_groups)
         model_m, model_groups = expected * num_groups, num_groups
     else:
         # NOTES: the host knows the real layout here (it checked it): the heuristic plans for the non-empty groups
@@ -530,6 +549,17 @@ def plan_m_grouped_contiguous(a, b, d, grouped_layout, *, kinds, nn, recipe=None
         gran_a, gran_b = resolve_recipes(recipe, recipe_a, recipe_b)
         ra = (gran_a[0], 1, gran_a[1])
         psum_for_sf = lay if use_psum_layout and sizes.sum() else None
+        gran_mn = ra[0]
+        if sfa.dtype == FP32 and sfa.ndim == 2 and gran_mn >= 1 and sfa.shape[0] == ceil_div(m, gran_mn):
+            # NOTES: scales of rows of no group (padding, rows past the last group, -1 rows of the per-row layout)
+            # are never read; upstream leaves them uninitialised, so, like rows past masked_m, they may be garbage
+            # and are not validated (the transform checks every row it is given).
+            pad = np.ones(sfa.shape[0] * gran_mn, bool)
+            for s0, rows in zip(starts.tolist(), sizes.tolist(), strict=True):
+                pad[s0:s0 + rows] = False
+            pad = pad.reshape(-1, gran_mn).all(axis=1)
+            if pad.any():
+                sfa = np.where(pad[:, None], np.float32(1.0), sfa)
         try:
             sfa_req = transform_sf_into_required_layout(sfa, m, k, ra, is_sfa=True,
                                                         disable_ue8m0_cast=disable_ue8m0_cast,
@@ -573,7 +603,9 @@ def plan_m_grouped_masked(a, b, d, masked_m, expected_m, *, kinds, recipe=None, 
     if bad.size:
         g = int(bad[0])
         raise ValueError(f"masked_m[{g}]={int(mm[g])} is outside [0, max_m={max_m}]")
-    expected = _check_positive_int(expected_m, "expected_m")
+    # NOTES: a hint (as upstream, where it only feeds the heuristic): no group has more than max_m rows, so a
+    # larger hint is clamped to max_m (num_groups * max_m fits the kernels' uint32, checked above).
+    expected = min(_check_positive_int(expected_m, "expected_m"), max(max_m, 1))
 
     sfa_phys = sfb_phys = None
     if op_a.kind != "bf16":
@@ -604,6 +636,7 @@ def plan_m_grouped_masked(a, b, d, masked_m, expected_m, *, kinds, recipe=None, 
 # Public M-grouped functions
 
 
+@api_call
 def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None,
                                          compiled_dims="nk", disable_ue8m0_cast=False, use_psum_layout=True,
                                          ensure_zero_padding=True, expected_m_for_psum_layout=None):
@@ -613,9 +646,11 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, grouped_layout, recipe=None, r
     layout), b = (B [G, N, K] (either major), sfb [G, N, ...]), d bfloat16/float32 [M, N]. ``grouped_layout`` int32:
     the psum layout [G] (running row totals; group g owns rows [align(psum[g-1], 256), psum[g])), or with
     ``use_psum_layout=False`` CUDA DeepGEMM's per-row layout [M] (group of each row, -1 for padding; each group
-    one run of rows). Rows of no group: zeroed when ``ensure_zero_padding``, else untouched. The kernel walks only
-    the groups' real rows; ``expected_m_for_psum_layout`` (psum only) replaces the real layout as the heuristic's
-    per-group row hint. Returns the kernel's GemmConfig (None when there is nothing to compute).
+    one run of rows). Rows of no group: zeroed when ``ensure_zero_padding``, else untouched, with either layout
+    (CUDA DeepGEMM's per-row kernel never writes them either: its tests zero them in D before comparing). The
+    kernel walks only the groups' real rows; ``expected_m_for_psum_layout`` (psum only) replaces the real layout as
+    the heuristic's per-group row hint (a hint: above M it is clamped to M). Returns the kernel's GemmConfig (None
+    when there is nothing to compute).
     """
     plan = plan_m_grouped_contiguous(a, b, d, grouped_layout, kinds=("fp8", "fp4"), nn=False, recipe=recipe,
                                      recipe_a=recipe_a, recipe_b=recipe_b, compiled_dims=compiled_dims,
@@ -625,6 +660,7 @@ def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, grouped_layout, recipe=None, r
     return run_m_grouped(plan)
 
 
+@api_call
 def m_grouped_fp8_fp4_gemm_nn_contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None,
                                          compiled_dims="nk", disable_ue8m0_cast=False, use_psum_layout=True,
                                          ensure_zero_padding=True, expected_m_for_psum_layout=None):
@@ -637,6 +673,7 @@ def m_grouped_fp8_fp4_gemm_nn_contiguous(a, b, d, grouped_layout, recipe=None, r
     return run_m_grouped(plan)
 
 
+@api_call
 def m_grouped_bf16_gemm_nt_contiguous(a, b, d, grouped_layout, compiled_dims="nk", use_psum_layout=True,
                                       ensure_zero_padding=True, expected_m_for_psum_layout=None):
     """BF16 M-grouped contiguous GEMM: A bfloat16 [M, K] (K-major), B bfloat16 [G, N, K]; layouts as the FP8 form."""
@@ -646,6 +683,7 @@ def m_grouped_bf16_gemm_nt_contiguous(a, b, d, grouped_layout, compiled_dims="nk
     return run_m_grouped(plan)
 
 
+@api_call
 def m_grouped_bf16_gemm_nn_contiguous(a, b, d, grouped_layout, compiled_dims="nk", use_psum_layout=True,
                                       ensure_zero_padding=True, expected_m_for_psum_layout=None):
     """As ``m_grouped_bf16_gemm_nt_contiguous`` with B given as [G, K, N]."""
@@ -655,13 +693,15 @@ def m_grouped_bf16_gemm_nn_contiguous(a, b, d, grouped_layout, compiled_dims="nk
     return run_m_grouped(plan)
 
 
+@api_call
 def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None, recipe_a=None, recipe_b=None,
                                      compiled_dims="nk", disable_ue8m0_cast=False):
     """M-grouped masked GEMM (decode): D[g, :masked_m[g]] = dequant(A[g, :masked_m[g]]) @ dequant(B[g])^T.
 
     a = (A [G, max_m, K] K-major, sfa [G, max_m, ceil(K/gran_k)]), b = (B [G, N, K], sfb [G, N, ...]), d bfloat16 or
     float32 [G, max_m, N]; masked_m int32 [G] in [0, max_m], read by the kernel (rows at or past masked_m[g] are
-    never written, whatever A holds there); ``expected_m`` (> 0) is the heuristic's per-group row hint.
+    never written, whatever A holds there); ``expected_m`` (an int > 0) is the heuristic's per-group row hint
+    (a hint, as upstream: above max_m it is clamped to max_m, since no group has more rows).
     """
     plan = plan_m_grouped_masked(a, b, d, masked_m, expected_m, kinds=("fp8", "fp4"), recipe=recipe,
                                  recipe_a=recipe_a, recipe_b=recipe_b, compiled_dims=compiled_dims,
@@ -669,6 +709,7 @@ def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None,
     return run_m_grouped(plan)
 
 
+@api_call
 def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m, compiled_dims="nk"):
     """BF16 M-grouped masked GEMM: A bfloat16 [G, max_m, K], B bfloat16 [G, N, K], D [G, max_m, N]."""
     plan = plan_m_grouped_masked(a, b, d, masked_m, expected_m, kinds=("bf16",), compiled_dims=compiled_dims)
@@ -823,6 +864,8 @@ def run_k_grouped(plan: KGroupedPlan, reference: bool = False):
         for g in live[:1]:
             _k_group_launch(plan, g, config)
         return config
+    # NOTES: one launch per group; the guard copies D back if the call is interrupted between or during them.
+    protect(plan.d, work=2.0 * m * n * int(plan.ks.sum()))
     if plan.c is None:
         plan.d[...] = 0
     elif plan.c is not plan.d:
@@ -882,6 +925,7 @@ def _k_group_launch(plan: KGroupedPlan, g: int, config) -> None:
                     plan.n, kg, l0_bf16=l0_bf16, **common)
 
 
+@api_call
 def k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, recipe=(1, 1, 32),
                                      compiled_dims="mn", use_psum_layout=True):
     """K-grouped GEMM (MoE weight gradients): D[g] = C[g] + dequant(A_g)^T @ dequant(B_g) for every group g.
@@ -897,6 +941,7 @@ def k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, re
     return run_k_grouped(plan)
 
 
+@api_call
 def k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, recipe=(1, 1, 32),
                                      compiled_dims="mn", use_psum_layout=True):
     """Deprecated (as upstream): A [M, K_total] and B [N, K_total] K-major; transposes them and forwards to
@@ -909,6 +954,7 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, re
                                             compiled_dims, use_psum_layout)
 
 
+@api_call
 def k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, compiled_dims="mn",
                                       use_psum_layout=True):
     """BF16 K-grouped GEMM: A bfloat16 [K_total, M], B bfloat16 [K_total, N] (MN-major), D float32 [G, M, N]

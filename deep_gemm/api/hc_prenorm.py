@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import runtime
-from .checks import BF16, FP32, check_dims, require_array
+from .checks import BF16, FP32, check_dims, check_no_self_overlap, require_array
+from .guard import api_call, protect
 
 # NOTES: DeepGEMM's limits: k % 64 == 0 (the kernels split K in 64-element chunks), n % 8 == 0 and n <= 128 (one
 # N block: the hyper-connection mixes are 2 * hc + hc^2 = 24 wide for hc = 4).
@@ -15,6 +16,9 @@ MAX_N = 128
 
 
 def _check_unit_last(x: np.ndarray, name: str) -> None:
+    if x.size == 0:
+        # NOTES: an empty array has no layout to check (numpy 2 gives many of them zero strides, e.g. np.zeros((0, k)))
+        return
     if any(s < 0 for s in x.strides):
         raise ValueError(f"{name} has negative strides {x.strides}; pass a view with non-negative strides")
     if x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
@@ -26,6 +30,7 @@ def _check_unit_last(x: np.ndarray, name: str) -> None:
             raise ValueError(f"{name} has overlapping or misaligned rows: strides={x.strides} for shape={x.shape}")
 
 
+@api_call
 def tf32_hc_prenorm_gemm(a: np.ndarray, b: np.ndarray, d: np.ndarray, sqr_sum: np.ndarray,
                          num_splits: int | None = None) -> None:
     """D = A @ B^T with TF32 operands and sqr_sum = the row sums of A^2, fp32 accumulation; writes ``d`` and
@@ -79,6 +84,8 @@ def tf32_hc_prenorm_gemm(a: np.ndarray, b: np.ndarray, d: np.ndarray, sqr_sum: n
         raise ValueError(f"sqr_sum must have shape {s_shape} (num_splits={num_splits}), got {sqr_sum.shape=}")
     for x, name in ((a, "a"), (b, "b"), (d, "d"), (sqr_sum, "sqr_sum")):
         _check_unit_last(x, name)
+    check_no_self_overlap(d, "d")
+    check_no_self_overlap(sqr_sum, "sqr_sum")
     if not d.flags.writeable or not sqr_sum.flags.writeable:
         raise ValueError(f"d and sqr_sum must be writeable ({d.flags.writeable=} {sqr_sum.flags.writeable=})")
     for out, out_name in ((d, "d"), (sqr_sum, "sqr_sum")):
@@ -93,6 +100,7 @@ def tf32_hc_prenorm_gemm(a: np.ndarray, b: np.ndarray, d: np.ndarray, sqr_sum: n
         return None
 
     # Dispatch
+    protect(d, sqr_sum, work=2.0 * m * n * k)
     from ..kernels.hc_prenorm import launch_hc_prenorm
 
     launch_hc_prenorm(a, b, d, sqr_sum, num_splits or 0, runtime.get_deterministic_algorithms())

@@ -186,3 +186,26 @@ def ub_tensor(ub, aiv, byte_offset, rows, cols, dtype):
     # launch loop owns it), and views without a count make the AIVs' many short instructions cheap (numba counts
     # every array view atomically: tens of ns per view on the vector hot path).
     return carray(_address_as_ptr(ub[aiv].ctypes.data + byte_offset, dtype), (rows, cols))
+
+
+@intrinsic
+def borrow(typingctx, arr):
+    """A view of ``arr`` (same data, shape, strides) that holds no reference: the mixed kernel's scheduler hands
+    these to its sub-core generators.
+
+    NOTES: numba never releases what a nopython generator captured (measured: every launch of a mixed kernel kept
+    its array arguments, the output included, and the cross-core state alive forever). The scheduler owns the real
+    references and outlives its generators, so borrowed views are safe there and nothing leaks."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        src = context.make_array(signature.args[0])(context, builder, args[0])
+        dst = context.make_array(signature.return_type)(context, builder)
+        for name in ("nitems", "itemsize", "data", "shape", "strides"):
+            setattr(dst, name, getattr(src, name))
+        dst.meminfo = context.get_constant_null(types.MemInfoPointer(signature.args[0].dtype))
+        dst.parent = context.get_constant_null(types.pyobject)
+        return dst._getvalue()
+
+    return arr(arr), codegen

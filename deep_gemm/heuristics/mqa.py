@@ -10,6 +10,7 @@ Per tile the pipes overlap (every stage is double-buffered); a core's time is it
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 from .arch import ArchSpec
@@ -414,18 +415,40 @@ def _estimate_target(num_heads: object, head_dim: object, q_dtype: str, kv_dtype
         same = arch is None or spec.name == runtime.get_npu_arch()
         cores = min(runtime.get_num_ai_cores(), spec.num_ai_cores) if same else spec.num_ai_cores
     else:
-        if isinstance(num_ai_cores, bool) or not isinstance(num_ai_cores, int) or not 1 <= num_ai_cores <= \
-                spec.num_ai_cores:
+        cores = _int_arg(num_ai_cores, "num_ai_cores")
+        if not 1 <= cores <= spec.num_ai_cores:
             raise ValueError(f"num_ai_cores={num_ai_cores!r} must be in [1, {spec.num_ai_cores}] for arch {spec.name}")
-        cores = num_ai_cores
     return spec, cores
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _int_arg(value: object, name: str) -> int:
+    """An int (Python or numpy integer); TypeError naming ``name`` for a str, a float, a bool or anything else."""
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
+    return int(value)
+
+
+def _bool_arg(value: object, name: str) -> bool:
+    # NOTES: bool("False") is True: a str (or an int) would silently pick the other branch
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}: {value!r}")
+    return bool(value)
+
+
 def _as_ints(values: object, name: str, length: int | None = None) -> list[int]:
-    try:
-        out = [int(v) for v in values]
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a sequence of ints, got {values!r}") from None
+    """A sequence of ints (a list, a tuple, a 1-D integer array) as a list; TypeError naming ``name`` for a str, a
+    scalar or any non-integer entry (int("4") and int(4.7) would otherwise pass a wrong size on silently)."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}: {values!r}")
+    out = list(values)
+    for i, v in enumerate(out):
+        if not _is_int(v):
+            raise TypeError(f"{name}[{i}] must be an int, got {type(v).__name__}: {v!r}")
+    out = [int(v) for v in out]
     if length is not None and len(out) != length:
         raise ValueError(f"len({name})={len(out)} must be {length}")
     return out
@@ -451,8 +474,10 @@ def estimate_mqa_logits(seq_len: int, seq_len_kv: int, num_heads: int = 64, head
     ``num_ai_cores`` default to deep_gemm.runtime (env DG_NPU_ARCH, DG_NUM_AI_CORES). Nothing is run."""
     spec, cores = _estimate_target(num_heads, head_dim, q_dtype, kv_dtype, arch, num_ai_cores)
     for name, value in (("seq_len", seq_len), ("seq_len_kv", seq_len_kv)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+        if not 0 <= _int_arg(value, name) < 2**31:
             raise ValueError(f"{name}={value!r} must be an int in [0, 2^31)")
+    seq_len, seq_len_kv = int(seq_len), int(seq_len_kv)
+    token_scale = _bool_arg(kv_scale_per_key, "kv_scale_per_key")
     ks = ke = None
     if (cu_seq_len_k_start is None) != (cu_seq_len_k_end is None):
         raise ValueError("pass both cu_seq_len_k_start and cu_seq_len_k_end, or neither")
@@ -465,7 +490,7 @@ def estimate_mqa_logits(seq_len: int, seq_len_kv: int, num_heads: int = 64, head
     desc = MqaDesc(num_heads, head_dim, q_dtype, kv_dtype, cores)
     config = get_best_mqa_config(desc, spec)
     cost = model_mqa(desc, config, spec, seq_len=seq_len, seq_len_kv=seq_len_kv, ks=ks, ke=ke,
-                     token_scale=bool(kv_scale_per_key))
+                     token_scale=token_scale)
     return _estimate("ragged", desc, config, spec, cost, f"{seq_len} queries x {seq_len_kv} keys")
 
 
@@ -476,19 +501,23 @@ def estimate_paged_mqa_logits(context_lens, num_heads: int = 64, head_dim: int =
     ``page_size`` keys in either cache layout (the Ascend one gathers a page of FP8 in one transfer, CUDA
     DeepGEMM's in two). Nothing is run."""
     spec, cores = _estimate_target(num_heads, head_dim, q_dtype, kv_dtype, arch, num_ai_cores)
-    if page_size not in PAGE_SIZES:
+    if _int_arg(page_size, "page_size") not in PAGE_SIZES:
         raise ValueError(f"page_size={page_size!r} must be one of {PAGE_SIZES}")
-    rows = [list(r) if isinstance(r, (list, tuple)) or hasattr(r, "__len__") else [r] for r in context_lens]
-    ctx = [_as_ints(r, "context_lens row") for r in rows]
+    ascend = _bool_arg(use_ascend_kv_layout, "use_ascend_kv_layout")
+    if isinstance(context_lens, (str, bytes)) or not hasattr(context_lens, "__iter__"):
+        raise TypeError(f"context_lens must be a sequence ([B] or [B][next_n]) of ints, got "
+                        f"{type(context_lens).__name__}: {context_lens!r}")
+    rows = [r if hasattr(r, "__iter__") else [r] for r in context_lens]  # a str row is refused by _as_ints
+    ctx = [_as_ints(r, f"context_lens[{b}]") for b, r in enumerate(rows)]
     next_n = len(ctx[0]) if ctx else 1
     if any(len(r) != next_n for r in ctx) or next_n == 0:
         raise ValueError("context_lens rows must all have next_n >= 1 entries")
     if any(v < 0 for r in ctx for v in r):
         raise ValueError("context_lens must be >= 0")
     desc = MqaDesc(num_heads, head_dim, q_dtype, kv_dtype, cores, next_n=next_n,
-                   ascend_kv_layout=bool(use_ascend_kv_layout))
+                   ascend_kv_layout=ascend)
     config = get_best_mqa_config(desc, spec)
     cost = model_paged_mqa(desc, config, spec, context_lens=ctx, page_size=page_size)
-    layout = "Ascend" if use_ascend_kv_layout else "CUDA DeepGEMM"
+    layout = "Ascend" if ascend else "CUDA DeepGEMM"
     return _estimate("paged", desc, config, spec, cost,
                      f"batch {len(ctx)} x next_n {next_n}, {layout} cache layout, pages of {page_size}")

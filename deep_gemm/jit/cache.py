@@ -25,6 +25,7 @@ import warnings
 from pathlib import Path
 
 from .. import envs
+from . import files
 from .sources import codegen_sources_digest, device_dependencies
 
 META_VERSION = 3  # 2: meta.json carries its own checksum; 3: it records the entry's parameters ("params")
@@ -294,38 +295,39 @@ def meta_text(meta: dict) -> str:
 def load_entry(path: Path, name: str, digest: str) -> tuple[dict, bytes]:
     """(meta, kernel.py bytes) of a complete, consistent entry, read once and verified: meta.json against its own
     checksum, kernel.asc and kernel.py against the sha256 it records. Raises EntryProblem naming what is wrong
-    (a missing, unreadable or edited file, or a path that is not a directory)."""
+    (a missing, unreadable or edited file, a file that is not a regular file or is too large (files.py), or a path
+    that is not a directory)."""
     if not path.is_dir():
         raise EntryProblem("it is not a directory")
     try:
-        raw = (path / "meta.json").read_bytes()
+        meta = files.load_json_record(path / "meta.json")
     except FileNotFoundError:
         raise EntryProblem("meta.json is missing") from None
-    except OSError as e:
-        raise EntryProblem(f"meta.json is unreadable ({type(e).__name__}: {e})") from e
-    try:
-        meta = json.loads(raw.decode("utf-8"))
-    except ValueError as e:
-        raise EntryProblem(f"meta.json is unreadable ({type(e).__name__}: {e})") from e
-    if not isinstance(meta, dict) or meta.get("checksum") != meta_checksum(meta):
+    except (OSError, files.DamagedFile) as e:
+        raise EntryProblem(f"meta.json is unreadable ({_problem(e)})") from e
+    if meta.get("checksum") != meta_checksum(meta):
         raise EntryProblem("meta.json does not match its own checksum (damaged, or written by an older deep_gemm)")
     if meta.get("digest") != digest or meta.get("name") != name:
         raise EntryProblem("meta.json does not describe this entry")
     if meta.get("meta_version") != META_VERSION or not isinstance(meta.get("params"), list):
         raise EntryProblem(f"meta.json is version {meta.get('meta_version')!r}, not {META_VERSION} (no entry "
                            "signature: written by an older deep_gemm)")
-    files = meta.get("files") if isinstance(meta.get("files"), dict) else {}
+    recorded = meta.get("files") if isinstance(meta.get("files"), dict) else {}
     contents = {}
     for fname in ("kernel.asc", "kernel.py"):
         try:
-            contents[fname] = (path / fname).read_bytes()
+            contents[fname] = files.read_regular_file(path / fname, files.MAX_SOURCE_BYTES)
         except FileNotFoundError:
             raise EntryProblem(f"{fname} is missing") from None
-        except OSError as e:
-            raise EntryProblem(f"{fname} is unreadable ({type(e).__name__}: {e})") from e
-        if files.get(fname) != hashlib.sha256(contents[fname]).hexdigest():
+        except (OSError, files.DamagedFile) as e:
+            raise EntryProblem(f"{fname} is unreadable ({_problem(e)})") from e
+        if recorded.get(fname) != hashlib.sha256(contents[fname]).hexdigest():
             raise EntryProblem(f"{fname} does not match the hash recorded in meta.json (truncated or edited)")
     return meta, contents["kernel.py"]
+
+
+def _problem(e: BaseException) -> str:
+    return str(e) if isinstance(e, files.DamagedFile) else f"{type(e).__name__}: {e}"
 
 
 def check_entry(path: Path, name: str, digest: str) -> str | None:
@@ -364,6 +366,32 @@ def move_aside(root: Path, path: Path) -> None:
         except FileNotFoundError:
             return
         remove_path(trash)
+
+
+def report_damaged_file(path: Path, what: str, problem: str, *, root: Path | None, repaired: str,
+                        unrepaired: str) -> bool:
+    """Report a damaged cache file outside the entries (a key index or host record: ``what``) once per process,
+    after moving it aside when ``root``, the writable root holding it, is given. The warning says ``repaired``
+    (what happens next) when it was moved aside, else why it could not be and ``unrepaired``: damage that cannot
+    be repaired never claims a rebuild. True when it was moved aside."""
+    error = None
+    if root is not None:
+        try:
+            move_aside(root, path)
+        except OSError as e:
+            error = e
+    if root is None:
+        action = f"it is in a read-only root; {unrepaired}"
+    elif error is not None:
+        action = f"it cannot be moved aside ({type(error).__name__}: {error}); {unrepaired}"
+    else:
+        action = f"it is moved aside; {repaired}"
+    from .compile import _event
+
+    _event("corrupt", path=str(path), what=f"{what}: {problem}")
+    warn_once(f"damaged:{path}:{problem}", f"damaged {what} {path}: {problem}; {action}. Fix: remove it "
+                                           f"(rm -rf {path}) or run scripts/clear_cache.py")
+    return root is not None and error is None
 
 
 def remove_path(path: Path) -> bool:

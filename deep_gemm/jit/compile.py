@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import envs
-from . import cache, native, numba_cache
+from . import cache, interrupt, native, numba_cache
 from .constants import normalize_constants
 from .errors import CompileError, JITError, KernelRunError, RenderError, TranslateError
 from .numba_setup import KERNEL_MODULE_MARK, apply_numba_settings, codegen_settings
@@ -177,7 +177,9 @@ class CompiledKernel:
         self.phases = tuple(meta.get("phases") or (self.entry,))
         self._phase_fns: list[EntryFunction] | None = None
         self.signature = EntrySignature.from_abi(name, meta["params"], entry=self.entry)
-        self._bind = self.signature.bind
+        bind = self.signature.bind
+        # NOTES: every launch entry takes the call's cancel flag as a hidden trailing argument (jit/interrupt.py).
+        self._bind = lambda args, kwargs: (*bind(args, kwargs), interrupt.cancel_flag())
         self._call = self._first_call
         # Native code (native.py): the loaded library when the entry has one for this target; ``native_writable``:
         # this process may build one into the entry after numba compiled (or loaded) the entry function.
@@ -449,14 +451,15 @@ class CompiledKernel:
     def _compile_error(self, e: Exception, args) -> CompileError:
         kept = (f"kernel.asc and kernel.py are kept in {self.path}" if self.path is not None else
                 "the kernel was built in memory (the cache could not be written)")
-        return CompileError(f"numba failed to compile {self.entry} for ({_signature(args)}):\n"
+        return CompileError(f"numba failed to compile {self.entry} for ({_signature(args[:-1])}):\n"
                             f"{_first_lines(str(e), 40)}\n{kept}\n"
                             f"reproduce: {self.repro_command(args)}", kernel=self.name, key=self.digest)
 
     def repro_command(self, args=()) -> str:
         if self.path is None:
             return "rerun with DG_JIT_CACHE_DIR set to a writable directory, then use the command printed there"
-        sig = f' --compile "({_signature(args)})"' if args else ""
+        # NOTES: the last bound argument is the hidden cancel flag, which dump adds itself
+        sig = f' --compile "({_signature(args[:-1])})"' if args[:-1] else ""
         return f"{cache.python_command()} -m deep_gemm.jit.dump --entry {self.path}{sig}"
 
     def __repr__(self) -> str:
@@ -746,16 +749,24 @@ def _load_existing(path: Path, name: str, digest: str, constants: dict, timings:
     try:
         meta, source = cache.load_entry(path, name, digest)
     except cache.EntryProblem as e:
-        _report_corrupt(path, str(e), "it is rebuilt now" if writable else "it is rebuilt in the writable root")
+        # NOTES: repair first, then one warning that says what really happens: damage that cannot be moved aside
+        # (a read-only entry or root) is reported once per process and never as "rebuilt now".
         if not writable:
+            write_root = cache.cache_roots().write
+            _report_corrupt(path, str(e), "it is in a read-only root; " + (
+                f"the kernel is served from (or built in) {write_root}" if write_root is not None else
+                "this process compiles the kernel in memory"))
             return None, True
         try:
             cache.move_aside(path.parent.parent, path)
         except OSError as err:
-            numba_cache.report_unwritable(path, err)
+            _event("cache_write_failed", path=str(path), error=f"{type(err).__name__}: {err}")
+            _report_corrupt(path, str(e), f"it cannot be moved aside ({type(err).__name__}: {err}), so this "
+                                          "process compiles the kernel in memory")
             return None, False
+        _report_corrupt(path, str(e), "it is moved aside and rebuilt now")
         return None, True
-    native_kernel = _load_native(path, name, digest, meta, writable)
+    native_kernel, native_writable = _load_native(path, name, digest, meta, writable)
     if native_kernel is not None:
         timings["import"] = time.perf_counter() - t0
         _event("disk_hit", kernel=name, digest=digest, path=str(path), native=True)
@@ -771,29 +782,40 @@ def _load_existing(path: Path, name: str, digest: str, constants: dict, timings:
     _debug(1, f"{name}.{digest}: disk hit {path} (render {timings['render'] * 1e3:.1f} ms, "
               f"import {timings['import'] * 1e3:.1f} ms)")
     return CompiledKernel(name=name, digest=digest, path=path, module=module, meta=meta, constants=constants,
-                          source="disk", timings=timings, native_writable=writable), True
+                          source="disk", timings=timings, native_writable=native_writable), True
 
 
 def _load_native(path: Path, name: str, digest: str, meta: dict, writable: bool):
-    """The entry's verified native library for this target, or None (none built: the numba path, which builds it
-    when ``writable``; built for another target: rebuilt; damaged: reported like a damaged entry file, rebuilt;
-    verified but not loadable in this process: the numba path, no warning)."""
+    """(the entry's verified native library for this target or None, whether this process may build one into the
+    entry). None: none built (the numba path, which builds it when ``writable``); built for another target: rebuilt;
+    damaged (also a native file that is not a regular file): reported once, moved aside and rebuilt, or, when it
+    cannot be moved aside (a read-only entry), reported once per process and never rebuilt; verified but not
+    loadable in this process: the numba path, no warning."""
     if not native.enabled() or launcher_mode() != "threads" or envs.DG_SYNC_CHECK.get() or meta.get("is_mixed"):
-        return None
+        return None, writable
     try:
-        return native.load(path, digest)
+        return native.load(path, digest), writable
     except native.NativeUnavailable as e:
         kind = e.args[1] if len(e.args) > 1 else "missing"
         if kind == "damaged":
-            _report_corrupt(path, f"native library: {e.args[0]}",
-                            "it is rebuilt now" if writable else "the kernel runs through numba")
+            problem = f"native library: {e.args[0]}"
+            if not writable:
+                _report_corrupt(path, problem, "it is in a read-only root; the kernel runs through numba")
+                return None, False
+            try:
+                native.discard(path, digest)
+            except OSError as err:
+                _report_corrupt(path, problem, f"it cannot be moved aside ({type(err).__name__}: {err}), so the "
+                                               "kernel runs through numba")
+                return None, False
+            _report_corrupt(path, problem, "it is moved aside and rebuilt now")
         elif kind == "stale":
             _event("native_stale", kernel=name, digest=digest, why=e.args[0])
             _debug(1, f"{name}.{digest}: native library {e.args[0]}; rebuilt after numba compiles")
         elif kind == "unavailable":  # verified, but it cannot be loaded in this process: not a damaged entry
             _event("native_unavailable", kernel=name, digest=digest, why=e.args[0])
             _debug(1, f"{name}.{digest}: native library {e.args[0]}; numba serves it")
-        return None
+        return None, writable
 
 
 def _import_existing(path: Path, name: str, digest: str, source: bytes, writable: bool):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numbers
 
 from numba import types
-from numba.extending import overload
+from numba.extending import intrinsic, overload
 
 from .numba_setup import apply_numba_settings
 
@@ -67,6 +67,42 @@ def _c_mod_impl(a, b):
 
         def impl(a, b):
             return a - c_div(a, b) * b
+
+        return impl
+    return None
+
+
+# -- Cooperative cancel --------------------------------------------------------------------------------------------
+# NOTES: every kernel entry takes one hidden trailing argument, a uint8[1] cancel flag (CompiledKernel passes the
+# current call's flag; deep_gemm.api.guard sets it on Ctrl-C). The translator checks it once per logical core and at
+# the top of every persistent tile loop (a loop stepping by GetBlockNum()), so a long launch stops between tiles.
+# The flag is written by another thread while the kernel runs, so it is read with an atomic (monotonic) load: a
+# plain load could be hoisted out of the tile loop by LLVM.
+
+
+def cancel_requested(flag) -> bool:
+    """True once the launch's cancel flag (uint8[1]) is set."""
+    return bool(flag[0])
+
+
+@intrinsic
+def _load_flag(typingctx, flag):
+    if not (isinstance(flag, types.Array) and flag.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.load_atomic(data, "monotonic", 1)
+
+    return types.uint8(flag), codegen
+
+
+@overload(cancel_requested)
+def _cancel_requested_impl(flag):
+    if isinstance(flag, types.Array) and flag.dtype == types.uint8:
+
+        def impl(flag):
+            return _load_flag(flag) != 0
 
         return impl
     return None

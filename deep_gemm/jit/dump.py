@@ -74,7 +74,12 @@ def dump_entry(args) -> int:
             launcher = launcher_mode()
             name = meta["entry"] if launcher == "threads" else meta["entry"] + "_prange"
             fn = EntryFunction(getattr(module, name), launcher)
-            fn.compile(args.compile)  # raises numba's own error, with its full traceback
+            from numba import types
+            from numba.core import sigutils
+
+            # NOTES: the entry's hidden trailing argument, the launch's cancel flag (jit/interrupt.py)
+            sig = (*sigutils.normalize_signature(args.compile)[0], types.Array(types.uint8, 1, "C"))
+            fn.compile(sig)  # raises numba's own error, with its full traceback
             print(f"compiled {name}{args.compile}: {fn.stats}")
     return 0
 

@@ -6,7 +6,8 @@ large share of a warm start-up that runs a cached native kernel. A record keeps 
 checked against what they depend on besides the rendered text: every template file of the template directory
 (with jinja2's version and jit/render.py, through the codegen sources, the same constants then render the same
 text), the device modules the kernel used and the device package's own file, the codegen settings and tool
-versions. Anything that differs, or a record that does not verify, is a miss: the kernel is rendered as before.
+versions. Anything that differs, or a record that does not verify, is a miss: the kernel is rendered as before
+(a damaged record is also reported once and moved aside).
 Knows nothing of GEMM.
 """
 
@@ -17,7 +18,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from . import cache
+from . import cache, files
 from .sources import _digest_files, codegen_sources_digest, module_file
 
 INDEX_DIR = "index"
@@ -55,13 +56,23 @@ def _context(template_directory: Path, device_module: str) -> dict:
 def lookup(root: Path, name: str, build_args: str, template_directory: Path, device_module: str,
            settings: dict) -> tuple[str, dict] | None:
     """(digest, components) recorded for ``build_args`` (a canonical text of the build's arguments) when the record
-    verifies and still describes this installation, else None."""
+    verifies and still describes this installation, else None. A damaged record (not a regular file, too large,
+    not parseable, not matching its own checksum) is reported once and moved aside; store() writes it again."""
+    path = record_path(root, name, build_args)
     try:
-        record = json.loads(record_path(root, name, build_args).read_bytes())
-    except (OSError, ValueError):
+        record = files.load_json_record(path)
+    except FileNotFoundError:
+        return None
+    except files.DamagedFile as e:
+        _damaged(root, path, str(e))
+        return None
+    except OSError:  # unreadable here (permissions): a miss, the kernel is rendered
         return None
     try:
-        if record.get("checksum") != _checksum(record) or record["build_args"] != build_args:
+        if record.get("checksum") != _checksum(record):
+            _damaged(root, path, "it does not match its own checksum")
+            return None
+        if record["build_args"] != build_args:
             return None
         components, digest = record["components"], record["digest"]
         if _sha(json.dumps(components, sort_keys=True).encode())[:32] != digest:
@@ -76,9 +87,16 @@ def lookup(root: Path, name: str, build_args: str, template_directory: Path, dev
         if _digest_files([(m, module_file(m)) for m in modules if module_file(m) is not None]) != \
                 components["device_sources"]:
             return None
-    except (KeyError, TypeError, AttributeError):
+    except Exception:  # noqa: BLE001 - a verified record of another shape (another deep_gemm): a miss, rewritten
         return None
     return digest, components
+
+
+def _damaged(root: Path, path: Path, problem: str) -> None:
+    writable = root == cache.cache_roots().write
+    cache.report_damaged_file(path, "key index record", problem, root=root if writable else None,
+                              repaired="it is written again once the kernel's template is rendered",
+                              unrepaired="the kernel is found by rendering its template")
 
 
 def store(root: Path, name: str, build_args: str, template_directory: Path, device_module: str, digest: str,

@@ -14,9 +14,12 @@ the CPU (OpenMP's spinning barrier took milliseconds there).
 Guarantees (the reliability contract):
 - A launch either completes (every part ran) or raises; nothing a later launch does or sees depends on an earlier
   one: each launch is its own ``_Job`` object with its own completion count, never a slot shared by launches.
-- Ctrl-C: a kernel part is native code that cannot be stopped halfway, so on the main thread SIGINT is held for
-  the few milliseconds of a launch and delivered to the previous handler (KeyboardInterrupt by default) once every
-  part has finished. The caller gets KeyboardInterrupt with a complete output; the pool survives.
+- Ctrl-C: a kernel part is native code that Python cannot stop halfway. In a cancellable call (jit/interrupt.py:
+  a long one) the parts all run on workers while the main thread waits, and a SIGINT sets the kernels' cancel flag:
+  they stop at their next tile, the launch raises KeyboardInterrupt and the call restores its outputs. Otherwise, on
+  the main thread, SIGINT is held for the few milliseconds of a launch and delivered to the previous handler
+  (KeyboardInterrupt by default) once every part has finished: the caller gets KeyboardInterrupt with a complete
+  output. Either way the pool survives.
 - Several Python threads may launch at once: their jobs share the pool's workers, and each caller also runs parts
   of its own job, so no launch waits for another one to finish and every CPU thread stays in use.
 """
@@ -28,6 +31,8 @@ import queue
 import signal
 import sys
 import threading
+
+from . import interrupt
 
 
 def num_threads() -> int:
@@ -176,6 +181,10 @@ class CoreLauncher:
 
     def launch(self, entry, num_cores: int, args: tuple) -> None:
         threads = min(num_threads(), num_cores)
+        call = interrupt.current()
+        if call is not None and call.cancellable:
+            self._launch_cancellable(entry, threads, args, call)
+            return
         if threads <= 1:
             # NOTES: one native call: Python handles a SIGINT only after it returns, so it is atomic already.
             entry(0, 1, *args)
@@ -194,6 +203,24 @@ class CoreLauncher:
                 job.args = ()  # stale queue entries must not keep the caller's arrays alive
         if job.error is not None:
             raise job.error
+
+    def _launch_cancellable(self, entry, threads: int, args: tuple, call) -> None:
+        """A launch of a cancellable call (jit/interrupt.py): every part runs on a worker while this thread waits,
+        so a SIGINT is handled at once (it sets the kernels' cancel flag; they stop at their next tile)."""
+        job = _Job(entry, args, threads)
+        self._ensure(threads)
+        call.in_launch = True
+        try:
+            for _ in range(threads):
+                self._jobs.put(job)
+        finally:
+            # NOTES: a lock wait returns to Python for each signal (the handler runs, then the wait goes on).
+            job.wait()
+            call.in_launch = False
+            job.args = ()
+        if job.error is not None:
+            raise job.error
+        call.raise_if_cancelled()
 
     def _reset_after_fork(self) -> None:
         self._jobs = queue.SimpleQueue()

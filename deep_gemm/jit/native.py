@@ -7,8 +7,9 @@ arrays' data/shape/strides and calls numba's native entry with its flattened arg
 functions the code references: NRT allocation), links both with the C compiler into ``native-<sha>.so`` beside
 kernel.py, and records it in ``native.json`` (sha256 of the library, the target it was built for: CPU name and
 features as LLVM sees them, numba/llvmlite/numpy/Python/deep_gemm versions; its own checksum). load() verifies
-native.json, the target and the library's bytes, and dlopens exactly the verified bytes (a copy in a private
-directory, removed once loaded). Knows nothing of GEMM.
+native.json, the target and the library's bytes (regular files of bounded size, read through files.py), and dlopens
+exactly the verified bytes (a copy in a private directory, removed once loaded); damaged native files are moved
+aside (discard()) and built again. Knows nothing of GEMM.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from .. import envs
+from . import files
 
 NATIVE_JSON = "native.json"
 FORMAT = 1
@@ -253,19 +256,16 @@ def host_cpu() -> tuple[str, str]:
     machine: the answer is kept under the cache root, filed by a fingerprint of what the kernel reports about the
     CPU (/proc/cpuinfo's vendor, family, model, stepping, flags) and llvmlite's version."""
     fingerprint = _cpu_fingerprint()
-    path = None
+    path = root = None
     if fingerprint is not None:
         from .cache import cache_roots
 
         root = cache_roots().write
         path = None if root is None else root / "index" / f"host-{fingerprint[:32]}.json"
     if path is not None:
-        try:
-            record = json.loads(path.read_bytes())
-            if record.get("checksum") == _checksum(record) and record.get("fingerprint") == fingerprint:
-                return record["cpu_name"], record["cpu_features"]
-        except (OSError, ValueError, KeyError, AttributeError):
-            pass
+        found = _read_host_record(root, path, fingerprint)
+        if found is not None:
+            return found
     import llvmlite.binding as llvm
 
     name, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
@@ -278,6 +278,37 @@ def host_cpu() -> tuple[str, str]:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, json.dumps(record, sort_keys=True).encode())
     return name, features
+
+
+def _read_host_record(root: Path, path: Path, fingerprint: str) -> tuple[str, str] | None:
+    """(CPU name, features) from the host record at ``path``; None when there is none or it cannot be read here.
+    A damaged one (not a regular file, too large, not parseable, not verifying) is reported once and moved aside.
+
+    NOTES: every kernel of every process reads this one record: no failure reading it may escape (issue 22: a deeply
+    nested JSON file there once raised RecursionError from every GEMM)."""
+    try:
+        record = files.load_json_record(path)
+    except FileNotFoundError:
+        return None
+    except files.DamagedFile as e:
+        problem = str(e)
+    except OSError:  # unreadable here (permissions): LLVM is asked
+        return None
+    else:
+        try:
+            if record.get("checksum") == _checksum(record) and record.get("fingerprint") == fingerprint:
+                name, features = record["cpu_name"], record["cpu_features"]
+                if isinstance(name, str) and isinstance(features, str):
+                    return name, features
+        except Exception:  # noqa: BLE001 - a record of another shape: damage like any other
+            pass
+        problem = "it does not verify"
+    from .cache import report_damaged_file
+
+    report_damaged_file(path, "host record", problem, root=root,
+                        repaired="it is written again from LLVM's answer",
+                        unrepaired="LLVM is asked about this CPU in every process (~40 ms)")
+    return None
 
 
 _CPUINFO_KEYS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags", "CPU implementer",
@@ -353,18 +384,17 @@ def _errcheck(result, func, args):
 
 
 def read_record(entry: Path) -> dict:
-    """native.json of an entry, verified against its own checksum. Raises NativeUnavailable (missing, damaged)."""
+    """native.json of an entry, verified against its own checksum. Raises NativeUnavailable (missing, damaged: also
+    not a regular file, too large or not parseable, files.py)."""
     try:
-        raw = (entry / NATIVE_JSON).read_bytes()
+        record = files.load_json_record(entry / NATIVE_JSON)
     except FileNotFoundError:
         raise NativeUnavailable("no native library in the entry") from None
+    except files.DamagedFile as e:
+        raise NativeUnavailable(f"{NATIVE_JSON} is unreadable ({e})", "damaged") from e
     except OSError as e:
         raise NativeUnavailable(f"{NATIVE_JSON} is unreadable ({type(e).__name__}: {e})") from e
-    try:
-        record = json.loads(raw.decode("utf-8"))
-    except ValueError as e:
-        raise NativeUnavailable(f"{NATIVE_JSON} is unreadable ({type(e).__name__}: {e})", "damaged") from e
-    if not isinstance(record, dict) or record.get("checksum") != _checksum(record):
+    if record.get("checksum") != _checksum(record):
         raise NativeUnavailable(f"{NATIVE_JSON} does not match its own checksum", "damaged")
     return record
 
@@ -392,11 +422,26 @@ class _Vanished(Exception):
 
 
 def _load(entry: Path, digest: str) -> NativeKernel:
+    record, data = _verified(entry, digest)
+    name = record["library"]
+    handle = _dlopen_bytes(data, entry / name)
+    _self_test(handle)
+    try:
+        return NativeKernel(handle, record, entry / name)
+    except (AttributeError, KeyError, TypeError) as e:
+        raise NativeUnavailable(f"{name} does not provide what {NATIVE_JSON} lists ({e})", "damaged") from e
+
+
+def _verified(entry: Path, digest: str) -> tuple[dict, bytes]:
+    """(native.json, the library's bytes) once both verify for ``digest`` and this target; raises NativeUnavailable
+    as load() does, or _Vanished."""
     record = read_record(entry)
     if record.get("digest") != digest or record.get("format") != FORMAT:
         raise NativeUnavailable(f"{NATIVE_JSON} describes another entry or format", "damaged")
     target = current_target()
     built_for = record.get("target") or {}
+    if not isinstance(built_for, dict):
+        raise NativeUnavailable(f"{NATIVE_JSON} names no target", "damaged")
     if built_for != target:
         diff = sorted(k for k in set(target) | set(built_for) if target.get(k) != built_for.get(k))
         raise NativeUnavailable(f"built for another target (differs in {', '.join(diff)})", "stale")
@@ -404,19 +449,37 @@ def _load(entry: Path, digest: str) -> NativeKernel:
     if not isinstance(name, str) or "/" in name or not name.endswith(".so"):
         raise NativeUnavailable(f"{NATIVE_JSON} names no library", "damaged")
     try:
-        data = (entry / name).read_bytes()
+        data = files.read_regular_file(entry / name, files.MAX_BINARY_BYTES)
     except FileNotFoundError:
         raise _Vanished(f"{name}, named by {NATIVE_JSON}, is missing") from None
+    except files.DamagedFile as e:
+        raise NativeUnavailable(f"{name} is unreadable ({e})", "damaged") from e
     except OSError as e:
         raise NativeUnavailable(f"{name} is unreadable ({type(e).__name__}: {e})", "unavailable") from e
     if hashlib.sha256(data).hexdigest() != record.get("sha256"):
         raise NativeUnavailable(f"{name} does not match the sha256 recorded in {NATIVE_JSON}", "damaged")
-    handle = _dlopen_bytes(data, entry / name)
-    _self_test(handle)
-    try:
-        return NativeKernel(handle, record, entry / name)
-    except (AttributeError, KeyError, TypeError) as e:
-        raise NativeUnavailable(f"{name} does not provide what {NATIVE_JSON} lists ({e})", "damaged") from e
+    return record, data
+
+
+def discard(entry: Path, digest: str) -> None:
+    """After load() found the entry's native files damaged: move native.json and every native-*.so (whatever their
+    file type) aside into the root's tmp/, under the entry's lock, so the next build publishes new ones. Nothing is
+    moved when, under the lock, they are whole after all (another process rebuilt them meanwhile). Raises OSError
+    when they cannot be moved (a read-only entry: the damage stays, and the kernel keeps the numba path)."""
+    from .cache import move_aside
+    from .numba_cache import locked
+
+    with locked(entry):
+        try:
+            _verified(entry, digest)
+            return
+        except _Vanished:
+            pass
+        except NativeUnavailable as e:
+            if len(e.args) < 2 or e.args[1] != "damaged":
+                return  # gone, or built for another target: nothing damaged is left
+        for path in (entry / NATIVE_JSON, *sorted(entry.glob("native-*.so"))):
+            move_aside(entry.parent.parent, path)
 
 
 _load_count = itertools.count()
@@ -430,9 +493,11 @@ def _dlopen_bytes(data: bytes, path: Path) -> ctypes.CDLL:
     # NOTES: the file cannot change between its check and its use (the directory is this process's, 0700); every
     # load uses a file name never used before (pid, counter, random part), since the dynamic loader hands back an
     # already loaded library opened under the same path instead of reading the new file. A directory per load, not
-    # one per process: a process killed by a signal (no atexit) leaves nothing in the temporary directory.
+    # one per process: a process killed by a signal (no atexit) leaves nothing in the temporary directory, unless
+    # killed in the instant between mkdtemp and rmtree; the directory's name then carries the pid, for
+    # sweep_stale_temp_dirs.
     try:
-        tmp = Path(tempfile.mkdtemp(prefix="deep_gemm-load-"))
+        tmp = Path(tempfile.mkdtemp(prefix=f"{_LOAD_PREFIX}{os.getpid()}-"))
         try:
             target = tmp / f"{os.getpid()}-{next(_load_count)}-{secrets.token_hex(8)}-{path.name}"
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o500)
@@ -551,6 +616,43 @@ def _undefined(objects: list[Path]) -> set[str]:
     return {line.split()[-1] for line in out.splitlines() if line.strip() and not line.endswith(":")}
 
 
+_BUILD_PREFIX, _LOAD_PREFIX = "deep_gemm-native-", "deep_gemm-load-"  # + "<pid>-<random>" in the system temp dir
+_swept = False  # sweep_stale_temp_dirs ran in this process (at its first native build)
+
+
+def sweep_stale_temp_dirs(directory: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the native build and load directories that killed processes (kill -9, power loss: no finally ran)
+    left in ``directory`` (default: the system's temp directory): this user's own, named with the pid of a process
+    that is not alive here, and older than cache.STALE_TMP_SECONDS. Returns what was removed.
+
+    NOTES: the age rule as for the cache's tmp/ (cache.sweep_stale_tmp): a build takes seconds, and a temp
+    directory shared with another pid namespace (containers) could hold a live build of a pid unknown here."""
+    from .cache import STALE_TMP_SECONDS, _pid_alive
+
+    base = Path(directory if directory is not None else tempfile.gettempdir())
+    removed: list[Path] = []
+    now = time.time()
+    try:
+        candidates = [p for p in base.iterdir() if p.name.startswith((_BUILD_PREFIX, _LOAD_PREFIX))]
+    except OSError:
+        return removed
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for path in candidates:
+        pid = path.name.split("-")[2] if path.name.count("-") >= 3 else ""
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if not pid.isdigit() or (uid is not None and st.st_uid != uid) or now - st.st_mtime < STALE_TMP_SECONDS:
+            continue
+        if int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            removed.append(path)
+    return removed
+
+
 _build_lock = threading.Lock()
 
 
@@ -583,9 +685,15 @@ class NativeBuild:
         # NOTES: the objects are linked in the system's temp directory (the cache root only ever receives the
         # finished library, written atomically), so a build in progress leaves nothing in the root. mkdtemp + rmtree,
         # not TemporaryDirectory: its finalizer runs at interpreter exit before the atexit wait for background
-        # builds (atexit is last in, first out), and would remove the files mid-build.
+        # builds (atexit is last in, first out), and would remove the files mid-build. A process killed mid-build
+        # (kill -9: no finally) leaves its directory, named with its pid: the first build of a later process
+        # sweeps those (sweep_stale_temp_dirs).
+        global _swept
         with _build_lock:
-            tmp = Path(tempfile.mkdtemp(prefix=f"deep_gemm-native-{os.getpid()}-"))
+            if not _swept:
+                _swept = True
+                sweep_stale_temp_dirs()
+            tmp = Path(tempfile.mkdtemp(prefix=f"{_BUILD_PREFIX}{os.getpid()}-"))
             try:
                 return self._link(tmp, cc)
             finally:
@@ -617,18 +725,17 @@ class NativeBuild:
         record = {"format": FORMAT, "digest": self.digest, "library": name, "sha256": sha,
                   "phases": self.phases, "target": current_target(), "signature": self.signature}
         record["checksum"] = _checksum(record)
+        from .cache import remove_path
         from .numba_cache import locked, write_atomic
 
         with locked(entry):
-            try:
-                old = read_record(entry).get("library")
-            except NativeUnavailable:
-                old = None
             write_atomic(entry / name, data)
             write_atomic(entry / NATIVE_JSON, json.dumps(record, indent=1, sort_keys=True).encode())
-            if old and old != name:
-                with contextlib.suppress(OSError):
-                    (entry / old).unlink()
+            # NOTES: the libraries of earlier builds (named by the record just replaced, or left by a damaged one)
+            # are removed; a reader still holding an old record reads the new one (load()).
+            for old in entry.glob("native-*.so"):
+                if old.name != name:
+                    remove_path(old)
         handle = _dlopen_bytes(data, entry / name)
         _self_test(handle)
         return NativeKernel(handle, record, entry / name)

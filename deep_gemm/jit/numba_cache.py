@@ -15,12 +15,13 @@ import io
 import json
 import os
 import pickle
+import stat
 import sys
 import uuid
 import weakref
 from pathlib import Path
 
-from . import cache
+from . import cache, files
 
 MANIFEST = "numba.json"  # {"files": {file name: sha256}, "sha256": sha256 of the canonical files mapping}
 LOCK = ".lock"
@@ -50,25 +51,23 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _manifest_checksum(files: dict) -> str:
-    return _sha256(json.dumps(files, sort_keys=True).encode())
+def _manifest_checksum(recorded: dict) -> str:
+    return _sha256(json.dumps(recorded, sort_keys=True).encode())
 
 
 def read_manifest(directory: Path) -> dict[str, str]:
     """{file name: sha256} recorded for ``directory``; {} when there is none. Raises DamagedCacheFile when the
     manifest itself does not verify."""
     try:
-        raw = (directory / MANIFEST).read_bytes()
+        doc = files.load_json_record(directory / MANIFEST)
     except FileNotFoundError:
         return {}
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-        files = doc["files"]
-        if not isinstance(files, dict) or doc.get("sha256") != _manifest_checksum(files):
-            raise ValueError("checksum mismatch")
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        raise DamagedCacheFile(f"{MANIFEST} does not verify ({type(e).__name__}: {e})") from e
-    return files
+    except files.DamagedFile as e:
+        raise DamagedCacheFile(f"{MANIFEST} does not verify ({e})") from e
+    recorded = doc.get("files")
+    if not isinstance(recorded, dict) or doc.get("sha256") != _manifest_checksum(recorded):
+        raise DamagedCacheFile(f"{MANIFEST} does not verify (checksum mismatch)")
+    return recorded
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -78,22 +77,46 @@ def write_atomic(path: Path, data: bytes) -> None:
     try:
         with open(tmp, "wb") as f:
             f.write(data)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            # NOTES: a directory where a cache file belongs (damage) is never replaced by a rename: it is renamed
+            # aside and removed, then the file is published. Anything else is an error of the write.
+            if not (os.path.isdir(path) and not os.path.islink(path)):
+                raise
+            aside = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.damaged")
+            os.rename(path, aside)
+            cache.remove_path(aside)
+            os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
 
 
-def write_manifest(directory: Path, files: dict[str, str]) -> None:
-    doc = {"files": files, "sha256": _manifest_checksum(files)}
+def write_manifest(directory: Path, recorded: dict[str, str]) -> None:
+    doc = {"files": recorded, "sha256": _manifest_checksum(recorded)}
     write_atomic(directory / MANIFEST, json.dumps(doc, indent=0, sort_keys=True).encode())
 
 
 @contextlib.contextmanager
 def locked(directory: Path):
-    """Exclusive flock of ``directory`` (its .lock file) for read-modify-write of numba's files and the manifest."""
-    fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    """Exclusive flock of ``directory`` (its .lock file) for read-modify-write of numba's files and the manifest.
+    A .lock that is not a regular file (damage: a directory, a FIFO, a symlink) is removed and created again."""
+    path = directory / LOCK
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | \
+        getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError:
+        if not os.path.lexists(path) or stat.S_ISREG(os.lstat(path).st_mode):
+            raise
+        cache.remove_path(path)
+        fd = os.open(path, flags, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO opens read-write without waiting
+        os.close(fd)
+        cache.remove_path(path)
+        fd = os.open(path, flags, 0o644)
     try:
         try:
             import fcntl
@@ -114,7 +137,11 @@ def directory_problem(directory: Path) -> str | None:
     except DamagedCacheFile as e:
         return str(e)
     for path in sorted(directory.glob("*.nb[ic]")):
-        if expected.get(path.name) != _sha256(path.read_bytes()):
+        try:
+            data = files.read_regular_file(path, files.MAX_BINARY_BYTES)
+        except (OSError, files.DamagedFile) as e:
+            return f"{path.name} is unreadable ({e})"
+        if expected.get(path.name) != _sha256(data):
             return f"{path.name} does not match the sha256 recorded in {MANIFEST}"
     return None
 
@@ -123,13 +150,15 @@ def directory_problem(directory: Path) -> str | None:
 # Reporting
 
 
-def _report_damaged(directory: Path, what: str) -> None:
+def _report_damaged(directory: Path, what: str, discarded: bool = True) -> None:
     from .compile import _event
 
     _event("corrupt", path=str(directory), what=f"numba cache: {what}")
-    cache.warn_once(f"numba-damaged:{directory}", f"numba cache files in {directory} are damaged ({what}); they "
-                                                  "are discarded and the functions recompiled. Fix: remove them "
-                                                  "or run scripts/clear_cache.py")
+    action = ("they are discarded and the functions recompiled" if discarded else
+              "they cannot be removed (a read-only directory), so the functions are compiled again in every "
+              "process")
+    cache.warn_once(f"numba-damaged:{directory}", f"numba cache files in {directory} are damaged ({what}); "
+                                                  f"{action}. Fix: remove them or run scripts/clear_cache.py")
 
 
 def report_unwritable(where: Path | str | None, error: BaseException) -> None:
@@ -187,9 +216,11 @@ def _numba_classes():
         def _read_verified(self, name: str) -> bytes | None:
             path = self.directory / name
             try:
-                data = path.read_bytes()
+                data = files.read_regular_file(path, files.MAX_BINARY_BYTES)
             except FileNotFoundError:
                 return None
+            except files.DamagedFile as e:
+                raise DamagedCacheFile(f"{name} is unreadable ({e})") from e
             if read_manifest(self.directory).get(name) == _sha256(data):
                 return data
             if getattr(self, "_holding_lock", False):  # in save(): the reads above were already consistent
@@ -199,10 +230,12 @@ def _numba_classes():
             # second lock from the same process would wait for itself: save() reads with the lock already held.)
             try:
                 with locked(self.directory):
-                    data = path.read_bytes()
+                    data = files.read_regular_file(path, files.MAX_BINARY_BYTES)
                     expected = read_manifest(self.directory).get(name)
             except FileNotFoundError:
                 return None
+            except files.DamagedFile as e:
+                raise DamagedCacheFile(f"{name} is unreadable ({e})") from e
             except OSError:
                 expected = None
             if expected == _sha256(data):
@@ -247,12 +280,12 @@ def _numba_classes():
                         write_atomic(self.directory / name, content)
                         written.append(self.directory / name)
                     try:
-                        files = read_manifest(self.directory)
+                        recorded = read_manifest(self.directory)
                     except DamagedCacheFile:
-                        files = {}
-                    files = {n: h for n, h in files.items() if (self.directory / n).exists()}
-                    files.update({data_name: _sha256(payload), self._index_name: _sha256(index)})
-                    write_manifest(self.directory, files)
+                        recorded = {}
+                    recorded = {n: h for n, h in recorded.items() if (self.directory / n).exists()}
+                    recorded.update({data_name: _sha256(payload), self._index_name: _sha256(index)})
+                    write_manifest(self.directory, recorded)
                 except BaseException:
                     # NOTES: files the manifest does not vouch for would read as damage; remove what we wrote.
                     for path in written:
@@ -262,20 +295,24 @@ def _numba_classes():
                 finally:
                     self._holding_lock = False
 
-        def discard(self) -> None:
-            """Remove this function's index and data files (after damage); other functions' files stay."""
+        def discard(self) -> bool:
+            """Remove this function's index and data files (after damage; whatever their file type); other
+            functions' files stay. False when they could not be removed (a read-only directory)."""
             base = self._index_name[: -len(".nbi")]
-            with contextlib.suppress(OSError), locked(self.directory):
-                names = [self._index_name] + [p.name for p in self.directory.glob(f"{base}.*.nbc")]
-                for name in names:
-                    with contextlib.suppress(FileNotFoundError):
-                        (self.directory / name).unlink()
-                try:
-                    files = read_manifest(self.directory)
-                except DamagedCacheFile:
-                    files = {}
-                write_manifest(self.directory, {n: h for n, h in files.items()
-                                                if n not in names and (self.directory / n).exists()})
+            try:
+                with locked(self.directory):
+                    names = [self._index_name] + [p.name for p in self.directory.glob(f"{base}.*.nbc")]
+                    if not all(cache.remove_path(self.directory / name) for name in names):
+                        return False
+                    try:
+                        recorded = read_manifest(self.directory)
+                    except DamagedCacheFile:
+                        recorded = {}
+                    write_manifest(self.directory, {n: h for n, h in recorded.items()
+                                                    if n not in names and (self.directory / n).exists()})
+            except OSError:
+                return False
+            return True
 
     class VerifiedFunctionCache(caching.FunctionCache):
         """numba's per-function cache for a deep_gemm function: files under the kernel cache root, verified on
@@ -320,13 +357,12 @@ def _numba_classes():
                 data = file.load(key)
                 return None if data is None else self._impl.rebuild(target_context, data)
             except DamagedCacheFile as e:
-                _report_damaged(file.directory, str(e))
+                what = str(e)
             except OSError as e:  # unreadable: a miss (compiled, and saved when the disk allows)
-                _report_damaged(file.directory, f"unreadable ({type(e).__name__}: {e})")
-            except Exception as e:  # noqa: BLE001 - verified bytes numba cannot rebuild: drop them, recompile
-                _report_damaged(file.directory, f"{self._impl.filename_base} does not load "
-                                                f"({type(e).__name__}: {e})")
-            file.discard()
+                what = f"unreadable ({type(e).__name__}: {e})"
+            except Exception as e:  # noqa: BLE001 - verified bytes numba cannot rebuild (RecursionError included)
+                what = f"{self._impl.filename_base} does not load ({type(e).__name__}: {e})"
+            _report_damaged(file.directory, what, discarded=file.discard())
             return None
 
         def save_overload(self, sig, data):

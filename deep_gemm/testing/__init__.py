@@ -30,3 +30,9 @@ __all__ = [
     "numpy_fp8_gemm", "numpy_fp4_gemm", "numpy_fp8_gemm_naive", "jax_version",
     "FP8_SF_CHOICES", "FP4_SF_CHOICES",
 ]
+
+# NOTES: the functions above take CPU torch tensors wherever they take numpy arrays and return torch tensors for
+# them, zero-copy (deep_gemm/_torch.py); the submodules keep the numpy-only originals.
+from .._torch import wrap_exports as _wrap_exports  # noqa: E402
+
+_wrap_exports(globals(), __all__, __name__)

@@ -43,6 +43,12 @@ from .math import (
     transpose_packed_fp4,
     unpack_ue8m0_from_int,
 )
+from .tma import (  # noqa: E402
+    get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor,
+    get_mn_major_tma_aligned_packed_ue8m0_tensor,
+    get_mn_major_tma_aligned_tensor,
+    get_tma_aligned_size,
+)
 
 __all__ = [
     # Formats
@@ -57,4 +63,13 @@ __all__ = [
     # Layout
     "transform_sf_into_required_layout", "transform_k_grouped_sf_into_required_layout",
     "unpack_sf_from_required_layout", "is_required_sf_layout",
+    # CUDA DeepGEMM's TMA-aligned scale layouts
+    "get_tma_aligned_size", "get_mn_major_tma_aligned_tensor", "get_mn_major_tma_aligned_packed_ue8m0_tensor",
+    "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
 ]
+
+# NOTES: the functions above take CPU torch tensors wherever they take numpy arrays and return torch tensors for
+# them, zero-copy (deep_gemm/_torch.py); the submodules keep the numpy-only originals.
+from .._torch import wrap_exports as _wrap_exports  # noqa: E402
+
+_wrap_exports(globals(), __all__, __name__)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import ml_dtypes
 import numpy as np
 
 from .math import align, ceil_div
@@ -73,13 +74,36 @@ def _parse_recipe(recipe: object, is_sfa: bool | None) -> tuple[int, int]:
     return gran_mn, gran_k
 
 
+_E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+
+
+def _ue8m0_codes_as_fp32(codes: np.ndarray) -> np.ndarray:
+    """UE8M0 exponent bytes as the fp32 powers of two they encode (byte e -> 2^(e - 127), exact for e >= 1)."""
+    return (codes.astype(np.uint32) << 23).view(np.float32)
+
+
+def _unpack_int32_ue8m0(sf: np.ndarray, k: int, gran_k: int) -> np.ndarray:
+    """CUDA DeepGEMM's int32-packed UE8M0 scales [..., MN, ceil(K / (4 gran_k))] (4 exponent bytes per element, the
+    first in the low byte; any strides, e.g. its MN-major TMA-aligned layout) as fp32 [..., MN, ceil(K / gran_k)]."""
+    need = ceil_div(k, gran_k * 4)
+    if sf.shape[-1] != need:
+        raise ValueError(f"int32 packed UE8M0 sf shape {sf.shape}: the last dim must be ceil(k / (4 * gran_k)) = "
+                         f"{need} ({k=} {gran_k=})")
+    return _ue8m0_codes_as_fp32(np.ascontiguousarray(sf).view(np.uint8)[..., :ceil_div(k, gran_k)])
+
+
 def _check_sf(
     sf: object, mn: int, k: int, gran_mn: int, gran_k: int, num_groups: int | None, disable_ue8m0_cast: bool
 ) -> np.ndarray:
     if not isinstance(sf, np.ndarray):
         raise TypeError(f"sf must be a numpy array, got {type(sf).__name__}")
+    if sf.dtype == _E8M0:  # torch's and OCP's MX scale type: one exponent byte per scale
+        sf = _ue8m0_codes_as_fp32(sf.view(np.uint8))
+    elif sf.dtype == np.int32:
+        sf = _unpack_int32_ue8m0(sf, k, gran_k)
     if sf.dtype not in (np.dtype(np.float32), np.dtype(np.int16)):
-        raise TypeError(f"sf must be float32 or int16 (packed UE8M0 pairs), got {sf.dtype=}")
+        raise TypeError(f"sf must be float32, float8_e8m0fnu, int32 (4 packed UE8M0 bytes, CUDA DeepGEMM's form) or "
+                        f"int16 (packed UE8M0 pairs), got {sf.dtype=}")
     if num_groups is None:
         if sf.ndim != 2:
             raise ValueError(f"sf must be 2-D (3-D needs num_groups), got {sf.shape=}")
@@ -125,11 +149,16 @@ def _check_psum(psum_layout: object, limit: int, limit_name: str) -> np.ndarray:
     return psum
 
 
-def _pad_ranges(psum: np.ndarray, unit: int, limit: int) -> list[tuple[int, int]]:
-    """Each group's padding [psum[g], align(psum[g], 256)) in units of ``unit`` elements, clipped to ``limit``."""
+def _pad_ranges(psum: np.ndarray, unit: int, limit: int, tail: bool = False) -> list[tuple[int, int]]:
+    """Each group's padding [psum[g], align(psum[g], 256)) in units of ``unit`` elements, clipped to ``limit``; with
+    ``tail`` the last group's range runs on to ``limit`` (everything past the last group belongs to no group).
+
+    NOTES: upstream leaves the rows past the last group uninitialised on purpose (a gap, like the padding)."""
     ranges = []
-    for end in psum.tolist():
-        lo, hi = ceil_div(end, unit), min(align(end, _GROUP_ALIGNMENT) // unit, limit)
+    ends = psum.tolist()
+    for g, end in enumerate(ends):
+        hi = limit if tail and g == len(ends) - 1 else min(align(end, _GROUP_ALIGNMENT) // unit, limit)
+        lo = ceil_div(end, unit)
         if lo < hi:
             ranges.append((lo, hi))
     return ranges
@@ -224,20 +253,24 @@ def transform_sf_into_required_layout(
     recipes (1, 128, 128) / (1, 1, 128): each 128-scale then covers four 32-blocks), or int16 packed pairs
     [(G,) ceil(mn/gran_mn), ceil(k/64)] (gran_k 32). ``recipe`` = (gran_m of A, gran_n of B, gran_k) with
     ``is_sfa`` choosing the MN granularity (or a 2-tuple (gran_mn, gran_k)); gran_mn > 1 is expanded by repetition.
-    ``psum_layout`` (M-grouped, int [G] cumulative row ends, group starts aligned to 256): padding rows are zeroed
-    and not validated. An int16 input already in the required layout (gran_mn 1) is returned as is; otherwise the
-    result is a new array and ``sf`` is never modified.
+    ``psum_layout`` (M-grouped, int [G] cumulative row ends, group starts aligned to 256): rows of no group (each
+    group's padding, and every row past the last group's end) are zeroed and not validated. An int16 input already
+    in the required layout (gran_mn 1) is returned as is; otherwise the result is a new array and ``sf`` is never
+    modified.
     """
     # Argument checks
     mn, k = _check_int("mn", mn), _check_int("k", k)
     gran_mn, gran_k = _parse_recipe(recipe, is_sfa)
+    if not isinstance(disable_ue8m0_cast, (bool, np.bool_)):
+        raise TypeError(f"disable_ue8m0_cast must be a bool, got {type(disable_ue8m0_cast).__name__}: "
+                        f"{disable_ue8m0_cast!r}")
     sf = _check_sf(sf, mn, k, gran_mn, gran_k, num_groups, disable_ue8m0_cast)
     pad_rows: list[tuple[int, int]] = []
     if psum_layout is not None:
         if num_groups is not None:
             raise ValueError(f"psum_layout applies to the M-grouped (2-D) sfa; got it with {num_groups=}")
         psum = _check_psum(psum_layout, mn, "mn")
-        pad_rows = _pad_ranges(psum, gran_mn, sf.shape[-2])
+        pad_rows = _pad_ranges(psum, gran_mn, sf.shape[-2], tail=True)
 
     # Fast path: nothing to convert
     if gran_mn == 1 and is_required_sf_layout(sf, mn, k, num_groups):
@@ -258,7 +291,8 @@ def transform_k_grouped_sf_into_required_layout(
     """K-grouped scale factors -> int16 [mn, ceil(k/64)], strides (1, mn), like ``transform_sf_into_required_layout``.
 
     k is the total (padded) K; ``psum_layout`` is int [G], the cumulative K end of each group, group starts aligned
-    to 256. Each group's padding K-blocks [ceil(psum[g]/32), align(psum[g], 256)/32) are zeroed and not validated.
+    to 256. Each group's padding K-blocks [ceil(psum[g]/32), align(psum[g], 256)/32) are zeroed and not validated;
+    blocks past the last group's padding are kept as given and not validated either (no group reads them).
     """
     # Argument checks
     mn, k = _check_int("mn", mn), _check_int("k", k)
@@ -268,8 +302,9 @@ def transform_k_grouped_sf_into_required_layout(
         raise ValueError("K-grouped scale factors need psum_layout (the cumulative K end of each group)")
     psum = _check_psum(psum_layout, k, "k")
     pad_k_blocks = _pad_ranges(psum, _SF_BLOCK_K, ceil_div(k, _SF_BLOCK_K))
-    # NOTES: fp32 columns wholly inside a padding range are skipped by validation; int16 bytes are never validated.
-    pad_k_cols = _pad_ranges(psum, gran_k, sf.shape[-1]) if sf.dtype == np.float32 else []
+    # NOTES: fp32 columns wholly inside a padding range, or past the last group (no launch reads them; they are
+    # kept as given), are skipped by validation; int16 bytes are never validated.
+    pad_k_cols = _pad_ranges(psum, gran_k, sf.shape[-1], tail=True) if sf.dtype == np.float32 else []
     return _to_required(sf, mn, k, gran_mn, gran_k, [], pad_k_blocks, pad_k_cols)
 
 

@@ -90,6 +90,13 @@ def _check_gran(gran_k: object) -> int:
     return int(gran_k)
 
 
+def _check_flags(**flags: object) -> None:
+    # NOTES: bool("False") is True: a str (or an int) flag would silently pick the other scale format
+    for name, value in flags.items():
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__}: {value!r}")
+
+
 def _scale(amax: np.ndarray, fmt_max: np.float32, use_ue8m0: bool) -> np.ndarray:
     sf = np.maximum(amax, _AMAX_FLOOR) / fmt_max
     return ceil_to_ue8m0(sf) if use_ue8m0 else sf.astype(np.float32)
@@ -113,6 +120,7 @@ def per_token_cast_to_fp8(
     """
     x = _as_fp32(x)
     gran_k = _check_gran(gran_k)
+    _check_flags(use_ue8m0=use_ue8m0, use_packed_ue8m0=use_packed_ue8m0)
     if x.ndim != 2:
         raise ValueError(f"per_token_cast_to_fp8 needs a 2-D x, got {x.shape=}")
     m, n = x.shape
@@ -131,6 +139,7 @@ def per_channel_cast_to_fp8(x: np.ndarray, use_ue8m0: bool, gran_k: int = 128) -
     """
     x = _as_fp32(x)
     gran_k = _check_gran(gran_k)
+    _check_flags(use_ue8m0=use_ue8m0)
     if x.ndim != 2:
         raise ValueError(f"per_channel_cast_to_fp8 needs a 2-D x, got {x.shape=}")
     m, n = x.shape
@@ -149,6 +158,7 @@ def per_block_cast_to_fp8(x: np.ndarray, use_ue8m0: bool, gran_k: int = 128) -> 
     """
     x = _as_fp32(x)
     gran_k = _check_gran(gran_k)
+    _check_flags(use_ue8m0=use_ue8m0)
     if x.ndim != 2:
         raise ValueError(f"per_block_cast_to_fp8 needs a 2-D x, got {x.shape=}")
     m, n = x.shape
@@ -169,6 +179,7 @@ def per_custom_dims_cast_to_fp8(
     sf keeps the shape of x with the reduced dims removed, then every size-1 dim is squeezed (torch's ``squeeze()``).
     """
     x = _as_fp32(x)
+    _check_flags(use_ue8m0=use_ue8m0)
     if isinstance(dims, (int, np.integer)):
         dims = (dims,)
     dims = tuple(dims)
@@ -195,6 +206,7 @@ def per_token_cast_to_fp4(
     """
     x = _as_fp32(x)
     gran_k = _check_gran(gran_k)
+    _check_flags(use_ue8m0=use_ue8m0, use_packed_ue8m0=use_packed_ue8m0)
     if x.ndim != 2:
         raise ValueError(f"per_token_cast_to_fp4 needs a 2-D x, got {x.shape=}")
     m, n = x.shape
@@ -213,6 +225,7 @@ def cast_back_from_fp4(
 ) -> np.ndarray:
     """Packed FP4 int8 [m, n/2] and sf [m, ceil(n/gran_k)] (or int32 packed) -> fp32 [m, n] = value * its scale."""
     gran_k = _check_gran(gran_k)
+    _check_flags(use_packed_ue8m0=use_packed_ue8m0)
     packed = np.asarray(packed)
     if packed.ndim != 2:
         raise ValueError(f"cast_back_from_fp4 needs a 2-D packed array, got {packed.shape=}")

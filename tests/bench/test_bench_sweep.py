@@ -162,10 +162,56 @@ def test_failed_shape_recorded_then_retried_on_resume(tmp_path):
     retry = _sweep_cpu.NumpyRunner()
     summary = sweep.run([*args, "--resume"], runner=retry, cpu_machine=CPU_MACHINE)
     assert {c[1:] for c in retry.calls} == {bad[1:]}
-    assert len(_rows(tmp_path / "out")) == len(TINY) + 1  # the retry appended a row ...
-    latest = _sweep_csv.read_results(tmp_path / "out" / "results.csv")
-    assert len(latest) == len(TINY) and all(r["status"] == "ok" for r in latest)  # ... and supersedes the failure
+    # The retried row replaced the failed one in the file: one row per shape, every one ok, the others untouched.
+    after = _rows(tmp_path / "out")
+    assert sorted((int(r["m"]), int(r["n"]), int(r["k"])) for r in after) == sorted(TINY)
+    assert all(r["status"] == "ok" and r["error"] == "" for r in after)
+    assert [r for r in after if int(r["k"]) != 40] == [r for r in rows if int(r["k"]) != 40]
     assert summary["groups"]["cpu/fp8"]["ok"] == len(TINY)
+    assert sorted(map(tuple, summary["run"]["shapes_run"])) == [bad]  # read before the file was rewritten
+
+
+def test_interrupted_resume_still_ends_with_one_row_per_shape(tmp_path):
+    """Two failed shapes; a resume retries the first (ok now) and is interrupted on the second: the file holds one
+    row per shape, the first's new row and the second's old failure (retried by the next resume)."""
+    args = _args(tmp_path, "cpu", "--dtype", "bf16")
+    first, second = ("bf16", *TINY[0]), ("bf16", *TINY[1])
+    sweep.run(args, runner=_sweep_cpu.NumpyRunner(fail_on=[first, second]), cpu_machine=CPU_MACHINE)
+    with pytest.raises(SystemExit) as exc:
+        sweep.run([*args, "--resume"], runner=_InterruptingRunner(2), cpu_machine=CPU_MACHINE)
+    assert exc.value.code == 130
+    status = {(int(r["m"]), int(r["n"]), int(r["k"])): r["status"] for r in _rows(tmp_path / "out")}
+    assert len(_rows(tmp_path / "out")) == len(TINY) == len(status)
+    assert status == {TINY[0]: "ok", TINY[1]: "failed", TINY[2]: "ok", TINY[3]: "ok"}
+    sweep.run([*args, "--resume"], runner=_sweep_cpu.NumpyRunner(), cpu_machine=CPU_MACHINE)
+    assert [r["status"] for r in _rows(tmp_path / "out")] == ["ok"] * len(TINY)
+
+
+def test_compact_results_keeps_the_newest_row_per_key_as_written(tmp_path):
+    path = tmp_path / "results.csv"
+    cells = {c: "" for c in _sweep_csv.COLUMNS}
+
+    def line(k, status, error="", time_us=""):
+        row = {**cells, "mode": "cpu", "dtype": "bf16", "m": "8", "n": "8", "k": str(k), "status": status,
+               "error": error, "time_us": time_us}
+        return _sweep_csv.csv_line(row[c] for c in _sweep_csv.COLUMNS)
+
+    header = _sweep_csv.csv_line(_sweep_csv.COLUMNS)
+    path.write_text(header + line(32, "ok", time_us="1.50000") + line(64, "failed", 'RuntimeError: a, "b"')
+                    + line(96, "ok") + line(64, "ok", time_us="2"))
+    untouched = path.stat()
+    assert _sweep_csv.compact_results(path) == 1
+    kept = header + line(32, "ok", time_us="1.50000") + line(96, "ok") + line(64, "ok", time_us="2")
+    assert path.read_bytes() == kept.encode()  # the kept rows byte for byte
+    assert path.stat().st_ino != untouched.st_ino  # renamed over, not rewritten in place
+    assert not list(tmp_path.glob(".results.csv.compact-*"))
+    # Nothing to drop: the file is left alone; a row cut short by an interruption is dropped with the duplicates.
+    before = path.stat()
+    assert _sweep_csv.compact_results(path) == 0 and path.stat().st_ino == before.st_ino
+    path.write_bytes(path.read_bytes() + (line(32, "failed") + line(96, "ok")[:20]).encode())
+    assert _sweep_csv.compact_results(path) == 2
+    assert [(r["k"], r["status"]) for r in _sweep_csv.read_results(path)] == [(96, "ok"), (64, "ok"), (32, "failed")]
+    assert len(path.read_bytes().splitlines()) == 4
 
 
 def test_shapes_that_do_not_fit_are_skipped_with_a_reason(tmp_path):

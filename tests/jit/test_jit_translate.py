@@ -260,20 +260,42 @@ def test_kernel_entry_runs_body_once_per_core():
         for (int32_t t = GetBlockIdx(); t < n; t += GetBlockNum()) { seen[t] += GetBlockIdx() + 1; }
     }""", constants={"NUM_AI_CORES": 3})
     py = t.python
-    assert "def k(_first_core, _core_step, seen, n):" in py and "@njit(nogil=True, cache=True)" in py
+    assert "def k(_first_core, _core_step, seen, n, _dg_cancel):" in py and "@njit(nogil=True, cache=True)" in py
     assert "for _block_idx in range(_first_core, NUM_AI_CORES, _core_step):" in py
     assert "@njit(parallel=True, cache=True)" in py and "for _block_idx in prange(NUM_AI_CORES):" in py
     assert "for t in range(_block_idx, n, NUM_AI_CORES):" in py and "NUM_AI_CORES = 3" in py
+    never = np.zeros(1, np.uint8)
     seen = np.zeros(7, np.int32)
-    ns["k"](0, 1, seen, 7)  # every core on one thread
+    ns["k"](0, 1, seen, 7, never)  # every core on one thread
     assert seen.tolist() == [1, 2, 3, 1, 2, 3, 1]
     seen[:] = 0
-    ns["k"](1, 2, seen, 7)  # thread 1 of 2 runs core 1 only (3 cores)
+    ns["k"](1, 2, seen, 7, never)  # thread 1 of 2 runs core 1 only (3 cores)
     assert seen.tolist() == [0, 2, 0, 0, 2, 0, 0]
     seen[:] = 0
-    ns["k_prange"](seen, 7)
+    ns["k"](0, 1, seen, 7, np.ones(1, np.uint8))  # a cancelled launch: no core runs
+    assert seen.tolist() == [0] * 7
+    ns["k_prange"](seen, 7, never)
     assert seen.tolist() == [1, 2, 3, 1, 2, 3, 1]
     assert t.entry == "k" and "# L" in py
+
+
+def test_persistent_tile_loops_check_the_cancel_flag():
+    """A loop stepping by GetBlockNum() (the persistent tile loop) leaves at its next tile once the launch's cancel
+    flag is set; other loops are left alone."""
+    ns, t = snippet("", entry="""extern "C" __global__ __aicore__ void k(GlobalTensor<int32_t> seen,
+                                                                    GlobalTensor<uint8_t> flag, int32_t n) {
+        for (int32_t t = GetBlockIdx(); t < n; t += GetBlockNum()) {
+            for (int32_t i = 0; i < 2; ++i) { seen[t] += 1; }
+            if (t == 2) { flag[0] = 1; }
+        }
+    }""", constants={"NUM_AI_CORES": 1})
+    py = t.python
+    # per core in the threads entry, and the tile loop (not the inner loop) in both the threads and prange entries
+    assert py.count("if cancel_requested(_dg_cancel):") == 3
+    seen = np.zeros(6, np.int32)
+    flag = np.zeros(1, np.uint8)
+    ns["k"](0, 1, seen, flag, 6, flag)  # the kernel sets its own cancel flag at tile 2
+    assert seen.tolist() == [2, 2, 2, 0, 0, 0]
 
 
 def test_generated_lines_carry_template_line_numbers():

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 from tree_sitter import Node
 
+# The hidden trailing parameter of every launch entry: the launch's cancel flag (uint8[1]; jit/cruntime.py).
+CANCEL = "_dg_cancel"
+
 
 @dataclass
 class Translation:
@@ -72,7 +75,7 @@ class Emitter:
             "",
             "apply_numba_settings()",
             "",
-            "from deep_gemm.jit.cruntime import c_div, c_mod  # noqa: E402,F401",
+            "from deep_gemm.jit.cruntime import c_div, c_mod, cancel_requested  # noqa: E402,F401",
         ]
         if self.used_device:
             header.append(f"from {self.device_module} import {', '.join(sorted(self.used_device))}  # noqa: E402")

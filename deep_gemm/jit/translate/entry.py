@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from tree_sitter import Node
 
 from .ctype import CType
+from .emitter import CANCEL
 from .statements import FuncCtx, Sym
 
 
@@ -164,6 +165,7 @@ class EntryABI:
             self.func = None
             return
         if sig.is_entry and not self.contains(body, "return_statement"):
+            self.func.cancel = True
             self.emit_entry_direct(sig, node, body)
             self.func = None
             return
@@ -172,7 +174,8 @@ class EntryABI:
         # functions_to_inline); other helpers are ordinary cached functions.
         self.emit('@njit(inline="always")' if sig.name in self.inline else "@njit(cache=True)", node)
         if sig.is_entry:
-            self.emit(f"def _{sig.name}_core({', '.join(['_block_idx', *names])}):", node)
+            self.func.cancel = True
+            self.emit(f"def _{sig.name}_core({', '.join(['_block_idx', CANCEL, *names])}):", node)
         else:
             self.emit(f"def {sig.name}({', '.join(self.hidden_params(sig) + names)}):", node)
         self.block(lambda: self.statements(body.named_children), body)
@@ -184,10 +187,11 @@ class EntryABI:
         """The entry without a `return`: its body goes straight into both launch loops (no inlining pass)."""
         params = [name for name, _ in sig.params]
         floats = [name for name, ctype in sig.params if ctype.kind == "float"]
-        threads_params = ", ".join(["_first_core", "_core_step", *params])
+        threads_params = ", ".join(["_first_core", "_core_step", *params, CANCEL])
         heads = [("@njit(nogil=True, cache=True)", f"def {sig.name}({threads_params}):",
-                  "for _block_idx in range(_first_core, NUM_AI_CORES, _core_step):", None),
-                 ("@njit(parallel=True, cache=True)", f"def {sig.name}_prange({', '.join(params)}):",
+                  "for _block_idx in range(_first_core, NUM_AI_CORES, _core_step):",
+                  f"if cancel_requested({CANCEL}):\n    break"),
+                 ("@njit(parallel=True, cache=True)", f"def {sig.name}_prange({', '.join([*params, CANCEL])}):",
                   "for _core in prange(NUM_AI_CORES):", "_block_idx = np.int64(_core)")]
         body_lines = None
         for decorator, define, loop, first in heads:
@@ -199,6 +203,10 @@ class EntryABI:
                 self.emit(f"{name} = np.{sig.params[params.index(name)][1].np}({name})", node)
             self.emit(loop, node)
             if body_lines is None:
+                self.indent += 1
+                for text in first.splitlines():  # the per-core cancel check
+                    self.emit(text, node)
+                self.indent -= 1
                 start = len(self.lines)
                 self.block(lambda: self.statements(body.named_children), body)
                 body_lines = self.lines[start:]
@@ -219,18 +227,20 @@ class EntryABI:
         params = [name for name, _ in sig.params]
         self.emit("", None)
         self.emit("@njit(nogil=True, cache=True)", node)
-        self.emit(f"def {sig.name}({', '.join(['_first_core', '_core_step', *params])}):", node)
+        self.emit(f"def {sig.name}({', '.join(['_first_core', '_core_step', *params, CANCEL])}):", node)
         self.indent += 1
         self.emit("for _block_idx in range(_first_core, NUM_AI_CORES, _core_step):", node)
         self.indent += 1
-        self.emit(f"_{sig.name}_core({', '.join(['_block_idx', *args])})", node)
+        self.emit(f"if cancel_requested({CANCEL}):", node)
+        self.emit("    break", node)
+        self.emit(f"_{sig.name}_core({', '.join(['_block_idx', CANCEL, *args])})", node)
         self.indent -= 2
         self.emit("", None)
         self.emit("@njit(parallel=True, cache=True)", node)
-        self.emit(f"def {sig.name}_prange({', '.join(params)}):", node)
+        self.emit(f"def {sig.name}_prange({', '.join([*params, CANCEL])}):", node)
         self.indent += 1
         self.emit("for _block_idx in prange(NUM_AI_CORES):", node)
         self.indent += 1
         # NOTES: np.int64(): the parfor pass types the index int64, its gufunc uint64.
-        self.emit(f"_{sig.name}_core({', '.join(['np.int64(_block_idx)', *args])})", node)
+        self.emit(f"_{sig.name}_core({', '.join(['np.int64(_block_idx)', CANCEL, *args])})", node)
         self.indent -= 2

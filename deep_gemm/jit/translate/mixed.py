@@ -19,7 +19,7 @@ from tree_sitter import Node
 
 from .. import enums
 from .ctype import BOOL, UNKNOWN, VOID, CType, Expr, int_value
-from .emitter import strip_parens
+from .emitter import CANCEL, strip_parens
 
 # Hidden names of the generated code (template identifiers may not start with _dg)
 SUB = "_dg_sub"
@@ -276,22 +276,24 @@ class MixedKernels:
             phase_names.append(entry)
             self.emit("", None)
             self.emit("@njit(nogil=True, cache=True)", node)
-            self.emit(f"def {entry}({', '.join(['_first_core', '_core_step', *params])}):", node)
+            self.emit(f"def {entry}({', '.join(['_first_core', '_core_step', *params, CANCEL])}):", node)
             self.indent += 1
             core_args = ["_block_idx", *args]
             if self.is_mixed:
                 # NOTES: one cross-core state per launch part, reused (zeroed) by each of its cores: a fresh UB per
                 # core (2 x UB_BYTES, above glibc's mmap threshold) page-faulted in every call, ~0.3 ms per core.
                 self.emit(f"{CROSS} = new_cross_state({self.ub_bytes()})", node)
-                core_args = ["_block_idx", CROSS, *args]
+                core_args = ["_block_idx", CROSS, CANCEL, *args]
             self.emit("for _block_idx in range(_first_core, NUM_AI_CORES, _core_step):", node)
             self.indent += 1
+            self.emit(f"if cancel_requested({CANCEL}):", node)
+            self.emit("    break", node)
             self.emit(f"_{sig.name}_core{suffix}({', '.join(core_args)})", node)
             self.indent -= 2
         self.phase_entries = phase_names
         self.emit("", None)
         self.emit("@njit(parallel=True, cache=True)", node)
-        self.emit(f"def {sig.name}_prange({', '.join(params)}):", node)
+        self.emit(f"def {sig.name}_prange({', '.join([*params, CANCEL])}):", node)
         self.indent += 1
         for index in range(len(self.phases)):
             suffix = f"_p{index}" if len(self.phases) > 1 else ""
@@ -300,7 +302,7 @@ class MixedKernels:
             core_args = ["np.int64(_block_idx)", *args]
             if self.is_mixed:
                 self.emit(f"{CROSS} = new_cross_state({self.ub_bytes()})", node)
-                core_args = ["np.int64(_block_idx)", CROSS, *args]
+                core_args = ["np.int64(_block_idx)", CROSS, CANCEL, *args]
             self.emit(f"_{sig.name}_core{suffix}({', '.join(core_args)})", node)
             self.indent -= 1
         self.indent -= 1
@@ -350,7 +352,7 @@ class MixedKernels:
     def emit_scheduler(self, sig, node: Node, suffix: str, params: list[str]) -> None:
         self.emit("", None)
         self.emit("@njit(cache=True)", node)
-        self.emit(f"def _{sig.name}_core{suffix}({', '.join(['_block_idx', CROSS, *params])}):", node)
+        self.emit(f"def _{sig.name}_core{suffix}({', '.join(['_block_idx', CROSS, CANCEL, *params])}):", node)
         self.indent += 1
         self.emit("# The AIC and the two AIVs of this core: generators resumed round-robin until all finish. The",
                   None)
@@ -360,14 +362,25 @@ class MixedKernels:
             self.emit(f"{name}[:] = 0", node)
         for s in range(3):
             self.emit(f"_dg_pe{s}, _dg_chk{s} = new_check_state()", node)
+        # NOTES: the generators get borrowed views of every array (crosscore.borrow: numba never releases what a
+        # generator captured); this function holds the real references until its sub-cores have finished.
+        arrays = {name for name, ctype in sig.params if ctype.kind == "array"}
+        arrays |= set(CROSS.split(", ")) | {f"_dg_{kind}{s}" for kind in ("pe", "chk") for s in range(3)}
+        for name in sorted(arrays):
+            self.emit(f"_dg_b{name} = borrow({name})", node)
+        lent = lambda names: [f"_dg_b{n}" if n in arrays else n for n in names]  # noqa: E731
         for s in range(3):
-            self.emit(f"_dg_g{s} = _{sig.name}_subcore{suffix}("
-                      f"{', '.join(['_block_idx', str(s), CROSS, f'_dg_pe{s}', f'_dg_chk{s}', *params])})", node)
+            names = ['_block_idx', str(s), *CROSS.split(", "), f'_dg_pe{s}', f'_dg_chk{s}', *params]
+            self.emit(f"_dg_g{s} = _{sig.name}_subcore{suffix}({', '.join(lent(names))})", node)
         self.emit("_dg_live0 = True", node)
         self.emit("_dg_live1 = True", node)
         self.emit("_dg_live2 = True", node)
         self.emit("while _dg_live0 or _dg_live1 or _dg_live2:", node)
         self.indent += 1
+        # NOTES: a cancelled launch abandons the core between rounds (its sub-cores stopped at waits); its outputs
+        # are discarded by the caller (deep_gemm.api.guard).
+        self.emit(f"if cancel_requested({CANCEL}):", node)
+        self.emit("    return", node)
         self.emit("_dg_sets = _dg_xinfo[0]", node)
         self.emit("_dg_waiting = 0", node)
         for s in range(3):
@@ -386,7 +399,7 @@ class MixedKernels:
         self.emit("raise KernelDeadlockError(_DG_KERNEL, _block_idx, _dg_who, _dg_xinfo[1 + 2 * _dg_who], "
                   "_dg_xinfo[2 + 2 * _dg_who], _dg_waiting, _DG_MODULE)", node)
         self.indent -= 2
-        self.used_runtime.update({"new_cross_state", "KernelDeadlockError"})
+        self.used_runtime.update({"new_cross_state", "KernelDeadlockError", "borrow"})
         self.used_check.add("new_check_state")
         if self.sync_check:
             self.emit("_dg_chk = np.zeros(_dg_chk0.size, np.int64)", node)

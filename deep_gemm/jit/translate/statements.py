@@ -11,7 +11,7 @@ from tree_sitter import Node
 
 from ..errors import TranslateError
 from .ctype import INT_TYPES, CType, Expr, common_int, int_bounds, int_value
-from .emitter import strip_parens
+from .emitter import CANCEL, strip_parens
 
 if TYPE_CHECKING:
     from .entry import FuncSig
@@ -30,6 +30,7 @@ class FuncCtx:
     scopes: list[dict[str, Sym]] = field(default_factory=list)
     loops: list[list[str] | None] = field(default_factory=list)  # per loop: update lines to run before continue
     const_values: dict[str, object] = field(default_factory=dict)
+    cancel: bool = False  # the cancel flag (CANCEL) is in scope: persistent tile loops check it
 
 
 class Statements:
@@ -344,11 +345,30 @@ class Statements:
             self.emit(f"for {var} in range({range_args}):", node)
             self.define(var, ctype, True, node)  # the body may not assign it (checked by counted_loop)
             self.func.loops.append(None)
+            self.cancel_point(node)
             self.body(body)
             self.func.loops.pop()
         else:
             self.while_loop(node, body)
         self.func.scopes.pop()
+
+    def cancel_point(self, node: Node, indent: int = 1) -> None:
+        """At the top of a persistent tile loop (its update steps by GetBlockNum()), leave the loop once the launch's
+        cancel flag is set (jit/cruntime.py cancel_requested): a cancelled launch stops between tiles."""
+        update = node.child_by_field_name("update")
+        if not self.func.cancel or update is None or not self.calls_named(update, "GetBlockNum"):
+            return
+        self.indent += indent
+        self.emit(f"if cancel_requested({CANCEL}):", node)
+        self.emit("    break", node)
+        self.indent -= indent
+
+    def calls_named(self, node: Node, name: str) -> bool:
+        if node.type == "call_expression":
+            fn = node.child_by_field_name("function")
+            if fn is not None and fn.type == "identifier" and self.text(fn) == name:
+                return True
+        return any(self.calls_named(child, name) for child in node.named_children)
 
     def while_loop(self, node: Node, body: Node) -> None:
         init = node.child_by_field_name("initializer")
@@ -370,6 +390,7 @@ class Statements:
 
         def run():
             self.func.scopes.append({})
+            self.cancel_point(node, indent=0)
             self.statements(body.named_children if body.type == "compound_statement" else [body])
             self.func.scopes.pop()
             for line in update_lines:
