@@ -32,6 +32,8 @@ _export(
     ".api.gemm",
     "fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
     "fp8_gemm_nt", "fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt",
+    # CUDA DeepGEMM's per-head column gap (its attention.hpp)
+    "fp8_gemm_nt_skip_head_mid",
     # BF16 GEMMs
     "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt",
 )

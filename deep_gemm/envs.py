@@ -93,6 +93,11 @@ DG_JIT_FAST_MATH_SETUP = _declare(
     "DG_JIT_FAST_MATH_SETUP", bool, True,
     "Let deep_gemm turn on numba's SLP vectorizer and full-width vectors before its first compile (0 to opt out)",
 )
+DG_JIT_NOTICE = _declare(
+    "DG_JIT_NOTICE", bool, True,
+    "Print one line on stderr, when it is a terminal, as a kernel starts and ends compiling (0: only the logging "
+    "record of logger deep_gemm.jit)",
+)
 DG_TEST_MAX_WORKERS = _declare(
     "DG_TEST_MAX_WORKERS", int, None, "Worker processes for parallel precompilation (default: CPU count)", minimum=1
 )

@@ -1,5 +1,7 @@
 """GEMM epilogues, as DeepGEMM-Ascend's ``deep_gemm.epilogue``: what the kernel does to the fp32 accumulator tile
-before D is written. Pass one as ``epilogue=`` to the dense FP8/FP4 and BF16 GEMMs.
+before D is written. Pass one as ``epilogue=`` to the dense FP8/FP4 and BF16 GEMMs; the M-grouped contiguous and
+masked GEMMs, bmm and einsum take Identity() and FP8Quantization(sfd) (their sfd layouts: api/grouped.py
+``check_grouped_fp8_out``).
 
 ``Identity()``: D = A @ B^T (the default). ``Alpha(alpha)``: D = alpha * A @ B^T. ``FP8Quantization(sfd)``: D is
 float8_e4m3fn and every row's every 32 columns get one UE8M0 scale (amax-based, as

@@ -19,7 +19,8 @@ _state: dict[str, object] = {}
 # thread's set_num_ai_cores / set_npu_arch mid-call cannot give one call two configurations.
 _frozen = threading.local()
 
-# NOTES: DeepGEMM-Ascend fixes the M/K alignment of contiguous grouped layouts at 256 (its BLOCK_M for M-grouped).
+# NOTES: DeepGEMM-Ascend fixes the M/K alignment of contiguous grouped layouts at 256 (its BLOCK_M for M-grouped);
+# here it is the default, and any multiple of 32 may be set (CUDA DeepGEMM's convention).
 _MK_ALIGNMENT = 256
 
 
@@ -113,22 +114,27 @@ def get_arch_spec() -> ArchSpec:
 
 
 def set_mk_alignment_for_contiguous_layout(value: int) -> None:
-    """Accepted only at 256, as in DeepGEMM-Ascend (its M-grouped BLOCK_M)."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """Set the M/K alignment of the contiguous grouped layouts: every group of an M-grouped psum layout starts at
+    align(psum[g-1], value), every K group at align(end[g-1], value). Any positive multiple of 32 (CUDA DeepGEMM
+    users pass 128); the default is DeepGEMM-Ascend's 256. Read once per call."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"mk alignment must be an int, got {type(value).__name__}: {value!r}")
-    if value != _MK_ALIGNMENT:
-        raise ValueError(f"mk alignment for contiguous layout is fixed at {_MK_ALIGNMENT} on Ascend, got {value}")
+    # NOTES: the M-grouped schedule starts its M blocks at each group's first row whatever the alignment, so any
+    # start works there; 32 is the UE8M0 scale block along K, and a K group must start on a block boundary.
+    if value < 32 or value % 32:
+        raise ValueError(f"mk alignment for contiguous layout must be a positive multiple of 32, got {value}")
     with _lock:
         _ensure_defaults()
-        _state["mk_alignment"] = value
+        _state["mk_alignment"] = int(value)
 
 
 def get_mk_alignment_for_contiguous_layout() -> int:
+    """The alignment set by ``set_mk_alignment_for_contiguous_layout`` (256 by default)."""
     return _read()["mk_alignment"]
 
 
 def get_theoretical_mk_alignment_for_contiguous_layout(expected_m: int | None = None) -> int:
-    """The alignment the kernels need (256 on Ascend whatever ``expected_m``)."""
+    """The alignment DeepGEMM-Ascend's kernels are built for (256, its M-grouped BLOCK_M, whatever ``expected_m``)."""
     return _MK_ALIGNMENT
 
 

@@ -128,14 +128,19 @@ def test_unknown_arch_leaves_state():
 # Alignment, determinism, dry run
 
 
-def test_mk_alignment_only_256():
-    runtime.set_mk_alignment_for_contiguous_layout(256)
-    assert runtime.get_mk_alignment_for_contiguous_layout() == 256
-    for bad in (128, 64, 512, 0):
-        with pytest.raises(ValueError, match=f"fixed at 256 on Ascend, got {bad}"):
-            runtime.set_mk_alignment_for_contiguous_layout(bad)
-    with pytest.raises(TypeError, match="bool"):
-        runtime.set_mk_alignment_for_contiguous_layout(True)
+def test_mk_alignment_multiples_of_32():
+    try:
+        for value in (128, 32, 512, 256):
+            runtime.set_mk_alignment_for_contiguous_layout(value)
+            assert runtime.get_mk_alignment_for_contiguous_layout() == value
+        for bad in (0, -32, 16, 100):
+            with pytest.raises(ValueError, match=f"positive multiple of 32, got {bad}"):
+                runtime.set_mk_alignment_for_contiguous_layout(bad)
+        with pytest.raises(TypeError, match="bool"):
+            runtime.set_mk_alignment_for_contiguous_layout(True)
+        assert runtime.get_mk_alignment_for_contiguous_layout() == 256
+    finally:
+        runtime.set_mk_alignment_for_contiguous_layout(256)
     assert runtime.get_theoretical_mk_alignment_for_contiguous_layout() == 256
     assert runtime.get_theoretical_mk_alignment_for_contiguous_layout(expected_m=7) == 256
 

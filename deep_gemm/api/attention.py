@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import runtime
 from ..heuristics.mqa import (
+    MQA_FP4_HEAD_DIMS,
     MQA_HEAD_DIMS,
     MQA_MAX_HEADS,
     MQA_MIN_HEADS,
@@ -30,8 +31,8 @@ from ..utils.math import align
 from .checks import BF16, FP8, FP32, INT16, PACKED_FP4, require_array
 from .guard import api_call, protect
 
-# NOTES: DeepGEMM-Ascend pads the logits' row stride to 512 bytes (256 bf16 elements).
-LOGITS_ROW_ALIGN = 256
+# NOTES: DeepGEMM-Ascend pads the logits' row stride to 512 bytes (256 bf16 elements; 128 fp32 ones here).
+LOGITS_ROW_ALIGN_BYTES = 512
 _KINDS = {FP8: "fp8", PACKED_FP4: "fp4"}
 _INT32 = np.dtype(np.int32)
 
@@ -56,11 +57,36 @@ def _kind(x: np.ndarray, name: str) -> str:
     return _KINDS[x.dtype]
 
 
-def _check_heads_dim(num_heads: int, head_dim: int, name: str) -> None:
+def _check_heads_dim(num_heads: int, head_dim: int, name: str, kind: str = "fp8") -> None:
     if not (MQA_MIN_HEADS <= num_heads <= MQA_MAX_HEADS and num_heads % 4 == 0):
         raise ValueError(f"{name}: num_heads={num_heads} must be a multiple of 4 in [{MQA_MIN_HEADS}, {MQA_MAX_HEADS}]")
     if head_dim not in MQA_HEAD_DIMS:
         raise ValueError(f"{name}: head_dim={head_dim} must be one of {MQA_HEAD_DIMS}")
+    if kind == "fp4" and head_dim not in MQA_FP4_HEAD_DIMS:
+        raise ValueError(f"{name}: head_dim={head_dim} with packed FP4 must be one of {MQA_FP4_HEAD_DIMS} (head_dim 32 "
+                         f"is FP8 only, as in CUDA DeepGEMM)")
+
+
+# NOTES: logits dtypes by name: numpy / ml_dtypes dtypes and torch's dtype objects (str 'torch.float32'), without
+# importing torch (the torch boundary converts tensors, not dtype objects).
+_LOGITS_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+
+def _logits_dtype(logits_dtype: object) -> np.dtype:
+    """float32 or bfloat16 from a numpy / ml_dtypes dtype (or its type) or a torch dtype (torch.float32 / torch.float,
+    torch.bfloat16)."""
+    name = logits_dtype if isinstance(logits_dtype, str) else None
+    if type(logits_dtype).__module__.split(".")[0] == "torch":
+        name = str(logits_dtype).removeprefix("torch.")
+    elif name is None:
+        try:
+            name = np.dtype(logits_dtype).name
+        except TypeError:
+            name = None
+    if name not in _LOGITS_DTYPES:
+        raise TypeError(f"logits_dtype={logits_dtype!r} must be float32 or bfloat16 (numpy / ml_dtypes or torch "
+                        f"dtypes)")
+    return _LOGITS_DTYPES[name]
 
 
 def _rows_view(x: np.ndarray, rows: int, cols: int) -> np.ndarray:
@@ -73,11 +99,11 @@ def _rows_view(x: np.ndarray, rows: int, cols: int) -> np.ndarray:
 
 
 def _mx_sf(sf: np.ndarray, rows: int, head_dim: int, name: str, lead_shape: tuple[int, ...]) -> np.ndarray:
-    """UE8M0 scales per 32 of head_dim in any accepted form -> the kernels' int16 [D / 64, rows] (C-contiguous).
+    """UE8M0 scales per 32 of head_dim in any accepted form -> the kernels' int16 [ceil(D / 64), rows] (C-contiguous).
 
-    Forms: fp32 [*lead, D / 32] (powers of two); int16 pairs [*lead, D / 64] (any strides: the required layout is
+    Forms: fp32 [*lead, D / 32] (powers of two); int16 pairs [*lead, ceil(D / 64)] (any strides: the required layout is
     taken as is); int32 [*lead] (CUDA DeepGEMM's FP4 form: byte b of the int32 is the exponent of 32-block b)."""
-    pairs = head_dim // 64
+    pairs = -(-head_dim // 64)  # head_dim 32: one int16 whose low byte is the exponent
     blocks = head_dim // 32
     if sf.dtype == _INT32:
         if sf.shape != lead_shape:
@@ -137,10 +163,10 @@ def _first_bad(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
-def _new_logits(rows: int, cols: int) -> np.ndarray:
-    """bf16 [rows, cols] whose row stride is padded to LOGITS_ROW_ALIGN elements (512 bytes)."""
-    stride = align(max(cols, 1), LOGITS_ROW_ALIGN)
-    return np.empty((rows, stride), dtype=ml_dtypes.bfloat16)[:, :cols]
+def _new_logits(rows: int, cols: int, dtype: np.dtype) -> np.ndarray:
+    """bf16 or fp32 [rows, cols] whose row stride is padded to LOGITS_ROW_ALIGN_BYTES (512 bytes)."""
+    stride = align(max(cols, 1), LOGITS_ROW_ALIGN_BYTES // dtype.itemsize)
+    return np.empty((rows, stride), dtype=dtype)[:, :cols]
 
 
 def _check_q(q: object, name: str = "q", paged: bool = False):
@@ -153,7 +179,7 @@ def _check_q(q: object, name: str = "q", paged: bool = False):
         raise ValueError(f"{name}[0] must be {layout} ({want_ndim}-D), got shape {qv.shape}")
     num_heads = qv.shape[-2]
     head_dim = qv.shape[-1] * (2 if kind == "fp4" else 1)
-    _check_heads_dim(num_heads, head_dim, f"{name}[0].shape={qv.shape}")
+    _check_heads_dim(num_heads, head_dim, f"{name}[0].shape={qv.shape}", kind)
     return qv, q_sf, kind, num_heads, head_dim
 
 
@@ -162,19 +188,22 @@ def _check_q(q: object, name: str = "q", paged: bool = False):
 
 
 @api_call
-def fp8_fp4_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, max_seqlen_k=0, clean_logits=True):
+def fp8_fp4_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, max_seqlen_k=0, clean_logits=True,
+                       logits_dtype=ml_dtypes.bfloat16):
     """Weighted-ReLU MQA logits over ragged key ranges (DeepSeek V3.2's indexer, prefill):
 
         logits[i, j] = sum_h relu(q[i, h, :] . kv[j, :] * kv_scale[j]) * weights[i, h]   for ks[i] <= j < ke[i]
 
     q: (values, sf) with values float8_e4m3fn [S, H, D] or packed FP4 int8 [S, H, D / 2]; sf None, or UE8M0 scales
-    per 32 of head_dim: fp32 [S, H, D / 32] powers of two, int16 pairs [S, H, D / 64] (DeepGEMM-Ascend's form), or
+    per 32 of head_dim: fp32 [S, H, D / 32] powers of two, int16 pairs [S, H, ceil(D / 64)] (DeepGEMM-Ascend's form), or
     int32 [S, H] packed (CUDA DeepGEMM's FP4 form). kv: (values, sf) with values float8_e4m3fn [S_kv, D] or int8
     [S_kv, D / 2]; sf fp32 [S_kv] (a scale per key, CUDA DeepGEMM's FP8 form: q = (q_e4m3, None)), or MX scales
-    fp32 [S_kv, D / 32], int16 [S_kv, D / 64], int32 [S_kv], or None. H a multiple of 4 in [4, 64]; D 64 or 128.
-    weights: bf16 or fp32 [S, H]. cu_seq_len_k_start / _end: int32 [S], 0 <= ks <= ke <= S_kv.
+    fp32 [S_kv, D / 32], int16 [S_kv, ceil(D / 64)], int32 [S_kv], or None. H a multiple of 4 in [4, 64]; D 32 (FP8
+    only), 64 or 128. weights: bf16 or fp32 [S, H]. cu_seq_len_k_start / _end: int32 [S], 0 <= ks <= ke <= S_kv.
+    logits_dtype: bfloat16 (default, DeepGEMM-Ascend's) or float32 (CUDA DeepGEMM's default; numpy, ml_dtypes or
+    torch dtypes): fp32 logits are the kernel's sums before the bf16 rounding (bf16 logits = fp32 ones rounded RNE).
 
-    Returns bf16 logits [S, S_kv] whose row stride is padded to 512 bytes; with ``max_seqlen_k`` > 0 the compressed
+    Returns logits [S, S_kv] whose row stride is padded to 512 bytes; with ``max_seqlen_k`` > 0 the compressed
     form [S, max_seqlen_k] instead, column j' holding key ks[i] + j' (every ke - ks must be <= max_seqlen_k).
     ``clean_logits``: every entry outside the row's range (compressed: columns >= ke - ks) is -inf; else those
     entries are left as allocated. Reads runtime.get_num_ai_cores(); results are bitwise the same for any core count.
@@ -199,6 +228,7 @@ def fp8_fp4_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, max
     max_seqlen_k = _check_int(max_seqlen_k, "max_seqlen_k")
     if not isinstance(clean_logits, (bool, np.bool_)):
         raise TypeError(f"clean_logits must be a bool, got {type(clean_logits).__name__}: {clean_logits!r}")
+    out_dtype = _logits_dtype(logits_dtype)
 
     # Range checks
     for name, arr in (("cu_seq_len_k_start", ks), ("cu_seq_len_k_end", ke)):
@@ -229,7 +259,7 @@ def fp8_fp4_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, max
 
     # Output, early return
     out_cols = max_seqlen_k if max_seqlen_k else seq_len_kv
-    logits = _new_logits(seq_len, out_cols)
+    logits = _new_logits(seq_len, out_cols, out_dtype)
     if seq_len == 0 or out_cols == 0:
         return logits
 
@@ -241,7 +271,7 @@ def fp8_fp4_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, max
     # NOTES: the kernel addresses kv as rows at a non-negative stride with unit columns; anything else is copied.
     unit_cols = kvv.strides[1] == kvv.itemsize or kvv.shape[1] == 1
     kv_rows = kvv if unit_cols and kvv.strides[0] >= 0 else np.ascontiguousarray(kvv)
-    launch_mqa_logits(q_rows, sfq, kv_rows, sfkv, kv_scale, w, ks, ke, logits.view(np.uint16),
+    launch_mqa_logits(q_rows, sfq, kv_rows, sfkv, kv_scale, w, ks, ke, logits,
                       num_heads=num_heads, head_dim=head_dim, q_dtype=q_kind, kv_dtype=kv_kind,
                       compressed=bool(max_seqlen_k), clean_logits=bool(clean_logits))
     return logits
@@ -289,6 +319,42 @@ def _schedule(context_lens: np.ndarray, num_heads: int, num_cores: int) -> np.nd
     return meta
 
 
+def _check_indices(indices: object, num_tokens: int) -> np.ndarray:
+    """The varlen mode's indices: int32 [T], non-negative (each query token's request; a request is a run of equal
+    consecutive entries, as upstream)."""
+    idx = _check_int_array(indices, "indices", (num_tokens,))
+    if idx.size and idx.min() < 0:
+        t = _first_bad(idx < 0)
+        raise ValueError(f"indices[{t}]={idx[t]} is negative (indices holds each query token's request id)")
+    return idx
+
+
+def _check_varlen(idx: np.ndarray, ctx: np.ndarray, bt: np.ndarray, pages: np.ndarray) -> None:
+    """What DeepGEMM's varlen kernels assume of a request (a run of equal consecutive indices): its tokens share
+    the block table row of its first token (they read that row) and none sees past the context of its last token
+    (the request's context). The kernel here reads each token's own row; these checks make the two agree."""
+    num_tokens = idx.shape[0]
+    if num_tokens == 0:
+        return
+    starts = np.flatnonzero(np.concatenate([[True], idx[1:] != idx[:-1]]))
+    run = np.repeat(np.arange(starts.size), np.diff(np.append(starts, num_tokens)))
+    first = starts[run]
+    last = np.append(starts[1:], num_tokens)[run] - 1
+    lens = ctx[:, 0]
+    if (lens > lens[last]).any():
+        t = _first_bad(lens > lens[last])
+        raise ValueError(f"context_lens[{t}]={lens[t]} exceeds context_lens[{last[t]}]={lens[last[t]]}, the context of "
+                         f"its request indices[{t}]={idx[t]} (the request's last token): a request's tokens see at "
+                         f"most its context")
+    used = np.arange(bt.shape[1])[None, :] < pages[:, None]
+    bad = used & (bt != bt[first])
+    if bad.any():
+        t, p = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"block_table[{t}, {p}]={bt[t, p]} differs from block_table[{first[t]}, {p}]="
+                         f"{bt[first[t], p]}: tokens of one request (indices[{t}]={idx[t]}, from token {first[t]}) "
+                         f"share its block table row")
+
+
 @api_call
 def get_paged_mqa_logits_metadata(context_lens, num_heads, indices=None):
     """The paged kernel's schedule: int32 [num_ai_cores + 1, 2], row c the (query atom, 256-key unit) where core c's
@@ -298,8 +364,10 @@ def get_paged_mqa_logits_metadata(context_lens, num_heads, indices=None):
 
     context_lens: int32 [B] or [B, next_n] (each query token's context length). num_heads: the q heads (a multiple
     of 4 in [4, 64]). The row count records the core count (runtime.get_num_ai_cores()); fp8_fp4_paged_mqa_logits
-    refuses metadata built for another. ``indices`` (varlen mode) is not supported; an int in its place is taken as
-    CUDA DeepGEMM's num_sms (which must equal the core count).
+    refuses metadata built for another. ``indices`` (the varlen mode, DeepGEMM-Ascend's form): int32 [T], the request
+    of each of the T query tokens, with context_lens [T, 1] (or [T]); every token is then its own atom (the schedule
+    is that of T rows with next_n = 1). An int in its place is taken as CUDA DeepGEMM's num_sms (which must equal the
+    core count).
     """
     ctx = _check_context_lens(context_lens)
     if isinstance(num_heads, bool) or not isinstance(num_heads, numbers.Integral):
@@ -313,7 +381,10 @@ def get_paged_mqa_logits_metadata(context_lens, num_heads, indices=None):
                              f"the kernels run on (set_num_ai_cores)")
         indices = None
     if indices is not None:
-        raise NotImplementedError("indices (CUDA DeepGEMM's varlen mode) is not supported: pass indices=None")
+        if ctx.shape[1] != 1:
+            raise ValueError(f"context_lens.shape={np.shape(context_lens)}: with indices (varlen mode) it must be "
+                             f"[num_tokens, 1] (one context length per query token)")
+        _check_indices(indices, ctx.shape[0])
     return _schedule(ctx, int(num_heads), cores)
 
 
@@ -351,35 +422,42 @@ def _cache_kind(kv_cache: np.ndarray, head_dim: int, ascend: bool) -> str:
 
 @api_call
 def fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len,
-                             indices=None, use_ascend_kv_layout=False):
+                             indices=None, use_ascend_kv_layout=False, logits_dtype=ml_dtypes.bfloat16):
     """Weighted-ReLU MQA logits of decode against a paged KV cache:
 
         logits[b * next_n + t, j] = sum_h relu(q[b, t, h, :] . kv[j, :] * kv_scale[j]) * weights[b * next_n + t, h]
 
     for j < context_lens[b, t], key j of batch row b in page block_table[b, j // page_size], slot j % page_size.
     q: float8_e4m3fn [B, next_n, H, D], or a pair (values, sf): FP8 or packed FP4 int8 [B, next_n, H, D / 2] with
-    UE8M0 scales per 32 of head_dim (fp32 [B, next_n, H, D / 32], int16 [B, next_n, H, D / 64] or int32
-    [B, next_n, H]) or None. kv_cache: uint8 [num_blocks, page_size (64 or 128), 1, token_bytes], C-contiguous:
+    UE8M0 scales per 32 of head_dim (fp32 [B, next_n, H, D / 32], int16 [B, next_n, H, ceil(D / 64)] or int32
+    [B, next_n, H]) or None; D 32 (FP8 only), 64 or 128. kv_cache: uint8 [num_blocks, page_size (32, 64 or 128), 1,
+    token_bytes], C-contiguous:
     use_ascend_kv_layout=True: each token's values then its UE8M0 exponents (one per 32 of head_dim), token_bytes =
     D (FP4: D / 2) + D / 32; False (CUDA DeepGEMM's): a page's values, then the page's 4-byte scales (fp32 for FP8,
     packed UE8M0 for FP4), token_bytes = D (D / 2) + 4 (build_paged_kv_cache writes either). weights: bf16 / fp32
     [B * next_n, H]; context_lens: int32 [B] or [B, next_n], each <= max_context_len; block_table: int32
     [B, max_blocks]; schedule_meta: get_paged_mqa_logits_metadata(context_lens, H) for the current core count.
 
-    Returns bf16 logits [B * next_n, max_context_len] (row stride padded to 512 bytes); entries at or past a
-    token's context are left as allocated (as upstream, there is no clean_logits here). ``indices`` (varlen mode) is
-    not supported; a bool in its place is taken as CUDA DeepGEMM's positional clean_logits (False only, as upstream).
+    ``indices`` (the varlen mode of DeepGEMM-Ascend and CUDA DeepGEMM): int32 [T], the request of each query token,
+    with q [T, 1, H, D], weights [T, H], context_lens [T, 1] (each token's own context) and block_table [T,
+    max_blocks] (each token's row; the tokens of a request, a run of equal consecutive indices, share their first
+    token's row and see at most its last token's context: both refused otherwise). The result is bitwise that of the
+    same call without indices (every token its own batch row). A bool in its place is taken as CUDA DeepGEMM's
+    positional clean_logits (False only, as upstream).
+
+    Returns logits [B * next_n, max_context_len] of ``logits_dtype`` (bfloat16, the default, or float32: the sums
+    before the bf16 rounding; numpy, ml_dtypes or torch dtypes), row stride padded to 512 bytes; entries at or past a
+    token's context are left as allocated (as upstream, there is no clean_logits here).
     """
     # CUDA DeepGEMM's positional clean_logits in the indices slot
     if isinstance(indices, (bool, np.bool_)):
         if indices:
             raise ValueError("clean_logits=True is not supported by the paged MQA logits (as in CUDA DeepGEMM)")
         indices = None
-    if indices is not None:
-        raise NotImplementedError("indices (CUDA DeepGEMM's varlen mode) is not supported: pass indices=None")
     if not isinstance(use_ascend_kv_layout, (bool, np.bool_)):
         raise TypeError(f"use_ascend_kv_layout must be a bool, got {use_ascend_kv_layout!r}")
     ascend = bool(use_ascend_kv_layout)
+    out_dtype = _logits_dtype(logits_dtype)
 
     # q, weights, context
     if isinstance(q, np.ndarray):
@@ -410,6 +488,12 @@ def fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, sc
     num_blocks, page_size = cache.shape[:2]
     pages = -(-ctx.max(axis=1) // page_size) if ctx.size else np.zeros(batch, np.int64)
     bt = _check_block_table(block_table, batch, pages, num_blocks)
+    if indices is not None:
+        # Varlen mode: T tokens, one per row
+        if next_n != 1:
+            raise ValueError(f"q[0].shape={qv.shape}: with indices (varlen mode) q must be [num_tokens, 1, num_heads, "
+                             f"head_dim]")
+        _check_varlen(_check_indices(indices, batch), ctx, bt, pages)
 
     # The schedule must be this call's, for this core count
     meta = require_array(schedule_meta, "schedule_meta")
@@ -428,7 +512,7 @@ def fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, sc
     sfq = None if q_sf is None else _mx_sf(q_sf, rows * num_heads, head_dim, "q[1]", (batch, next_n, num_heads))
 
     # Output, early return
-    logits = _new_logits(rows, max_context_len)
+    logits = _new_logits(rows, max_context_len, out_dtype)
     if rows == 0 or max_context_len == 0 or not ctx.any():
         return logits
 
@@ -438,7 +522,7 @@ def fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, sc
 
     launch_paged_mqa_logits(_rows_view(qv, rows * num_heads, qv.shape[-1]), sfq, cache, bt,
                             np.ascontiguousarray(np.broadcast_to(ctx, (batch, next_n))).reshape(-1), meta,
-                            w, logits.view(np.uint16), batch=batch, next_n=next_n, num_heads=num_heads,
+                            w, logits, batch=batch, next_n=next_n, num_heads=num_heads,
                             head_dim=head_dim, q_dtype=q_kind, kv_dtype=kv_kind, page_size=page_size,
                             ascend_kv_layout=ascend)
     return logits
@@ -471,8 +555,9 @@ def build_paged_kv_cache(kv, block_table, num_blocks, page_size=64, context_lens
         raise ValueError(f"kv[0].shape={values.shape} must be [batch, keys, head_dim storage]")
     batch, length = values.shape[:2]
     head_dim = values.shape[2] * (2 if kind == "fp4" else 1)
-    if head_dim not in MQA_HEAD_DIMS:
-        raise ValueError(f"kv[0].shape={values.shape}: head_dim={head_dim} must be one of {MQA_HEAD_DIMS}")
+    if head_dim not in (MQA_FP4_HEAD_DIMS if kind == "fp4" else MQA_HEAD_DIMS):
+        raise ValueError(f"kv[0].shape={values.shape}: head_dim={head_dim} must be one of "
+                         f"{MQA_FP4_HEAD_DIMS if kind == 'fp4' else MQA_HEAD_DIMS} ({kind})")
     page_size = _check_int(page_size, "page_size", 1)
     if page_size not in PAGE_SIZES:
         raise ValueError(f"page_size={page_size} must be one of {PAGE_SIZES}")
@@ -512,7 +597,9 @@ def build_paged_kv_cache(kv, block_table, num_blocks, page_size=64, context_lens
         if sf is None:
             raise ValueError("kv[1]: UE8M0 scales per 32 of head_dim are required for this layout and dtype")
         packed = _mx_sf(sf, batch * length, head_dim, "kv[1]", (batch, length))  # int16 [D / 64, B * L]
-        exps = np.ascontiguousarray(packed.T).view(np.uint8).reshape(batch, length, head_dim // 32)
+        # the exponent bytes of each key (head_dim 32: the low byte of its one int16)
+        exps = np.ascontiguousarray(packed.T).view(np.uint8).reshape(batch * length, -1)[:, :head_dim // 32]
+        exps = exps.reshape(batch, length, head_dim // 32)
         scale_bytes = exps if ascend else np.concatenate(
             [exps, np.full((batch, length, 4 - head_dim // 32), 127, np.uint8)], axis=-1)
 

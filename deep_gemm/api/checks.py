@@ -7,6 +7,7 @@ the values that were wrong.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -30,7 +31,10 @@ MAX_DIM = 2**32 - 1
 def require_array(x: object, name: str) -> np.ndarray:
     """``x`` as a plain numpy.ndarray (a subclass such as np.matrix or np.memmap is viewed as its base array: same
     memory, plain semantics); TypeError for masked arrays (their mask would be ignored) and for non-arrays."""
-    if isinstance(x, np.ma.MaskedArray):
+    # NOTES: a masked array exists only once numpy.ma is imported; asking sys.modules keeps `np.ma` (~7 ms of
+    # import) off the path of a process that never used it.
+    ma = sys.modules.get("numpy.ma")
+    if ma is not None and isinstance(x, ma.MaskedArray):
         raise TypeError(
             f"{name} is a numpy masked array ({type(x).__name__}); the kernels would ignore its mask: "
             f"pass a plain numpy.ndarray, e.g. {name}.filled(0)"

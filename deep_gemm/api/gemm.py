@@ -253,6 +253,96 @@ def fp8_fp4_gemm_tt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, 
                            disable_ue8m0_cast, alpha, epilogue)
 
 
+def _check_head_splits(head_splits: object) -> tuple[int, int, int]:
+    if not isinstance(head_splits, (tuple, list)) or len(head_splits) != 3:
+        raise TypeError(f"head_splits must be a (left, mid, right) tuple of ints, got {head_splits!r}")
+    for name, v in zip(("left", "mid", "right"), head_splits, strict=True):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"head_splits {name}={v!r} must be a non-negative int; head_splits={tuple(head_splits)}")
+    left, mid, right = (int(v) for v in head_splits)
+    if left + right == 0:
+        raise ValueError(f"head_splits={tuple(head_splits)}: left + right must be > 0")
+    return left, mid, right
+
+
+def _head_runs(n: int, left: int, mid: int, right: int) -> list[tuple[int, int, int]]:
+    """(first GEMM column, first D column, width) of every run of GEMM columns that lands contiguously in D: head h's
+    left part at D column h * (left + mid + right), its right part after the mid columns; a head's right part and the
+    next head's left part are one run (adjacent in both)."""
+    width, out_width = left + right, left + mid + right
+    runs: list[list[int]] = []
+    for h in range(n // width):
+        for g0, d0, w in ((h * width, h * out_width, left), (h * width + left, h * out_width + left + mid, right)):
+            if w == 0:
+                continue
+            if runs and runs[-1][0] + runs[-1][2] == g0 and runs[-1][1] + runs[-1][2] == d0:
+                runs[-1][2] += w
+            else:
+                runs.append([g0, d0, w])
+    return [(g0, d0, w) for g0, d0, w in runs]
+
+
+@api_call
+def fp8_gemm_nt_skip_head_mid(a, b, d, head_splits, recipe=None, compiled_dims="nk", disable_ue8m0_cast=False):
+    """CUDA DeepGEMM's FP8 GEMM with a per-head column gap: the GEMM output [M, N] (= dequant(A) @ dequant(B)^T) is cut
+    into heads of left + right columns, and head h is written to D[:, h * W : (h + 1) * W], W = left + mid + right, as
+    [left | mid columns untouched | right]. a, b, recipe and scales as ``fp8_fp4_gemm_nt``; d bfloat16 or float32
+    [M, N + N / (left + right) * mid] with unit-stride rows; N % (left + right) == 0. Runs the dense kernel once per
+    run of columns that is contiguous in D (one more than the head count at most), writing through column views of D
+    (no copy of D). Returns the kernel's GemmConfig of the widest run (None when there is nothing to compute)."""
+    # Shape checks
+    left, mid, right = _check_head_splits(head_splits)
+    a_arr, _ = _split_pair(a, "a")
+    b_arr, _ = _split_pair(b, "b")
+    op_a = make_operand(a_arr, "a", ("fp8", "fp4"))
+    op_b = make_operand(b_arr, "b", ("fp8", "fp4"))
+    m, n = op_a.mn, op_b.mn
+    if n % (left + right):
+        raise ValueError(f"N={n} must be divisible by left + right = {left + right} (head_splits={(left, mid, right)})")
+    n_out = n + n // (left + right) * mid
+    d, _, out_kind = check_output(d, m, n_out, None)
+    # NOTES: every check of the dense call (operands, scales, exactness) runs once, on the GEMM's own columns of D.
+    p = check_fp8_fp4_problem(a, b, d[:, :n], None, recipe, None, None, disable_ue8m0_cast)
+    check_no_alias(d, a=p.op_a.array, b=p.op_b.array)
+    dims = check_compiled_dims(compiled_dims)
+    check_arch_supports(a=op_a.kind, b=op_b.kind)
+    k = p.k
+    sfa, sfb, out_shift, l0_bf16 = rebalance_scales(p.sfa, p.sfb, k, op_a.kind, op_b.kind, _max_alpha_shift(1.0))
+    runs = _head_runs(n, left, mid, right)
+    packed_mn_b = op_b.kind == "fp4" and op_b.major == "mn"
+    if packed_mn_b and any(g0 % 2 or w % 2 for g0, _, w in runs):
+        raise ValueError(f"packed FP4 B stored MN-major packs two N columns per byte: head_splits={(left, mid, right)} "
+                         "must cut it at even columns (or pass B K-major)")
+
+    # Early return
+    protect(d, work=2.0 * m * n * k)
+    if m == 0 or n == 0:
+        return None
+    if k == 0:
+        if not runtime.get_dry_run():
+            for _, d0, w in runs:
+                d[:, d0:d0 + w] = 0
+        return None
+
+    # Dispatch: one dense launch per run, B's rows and D's columns of the run
+    from ..kernels.fp8_gemm import launch_fp8_gemm
+
+    gm_b, config, widest = p.op_b.gm, None, 0
+    for g0, d0, w in runs:
+        if op_b.major == "k":
+            b_run = gm_b[g0:g0 + w]
+        else:
+            b_run = gm_b[:, g0 // 2:(g0 + w) // 2] if packed_mn_b else gm_b[:, g0:g0 + w]
+        run_config = launch_fp8_gemm(
+            p.op_a.gm, op_a.major, op_a.kind, sfa, b_run, op_b.major, op_b.kind, sfb[:, g0:g0 + w],
+            _out_view(d[:, d0:d0 + w], out_kind), m, w, k,
+            with_accumulation=False, alpha=math.ldexp(1.0, out_shift), compiled_dims=dims, l0_bf16=l0_bf16,
+        )
+        if w > widest:
+            config, widest = run_config, w
+    return config
+
+
 # DeepGEMM's aliases
 fp8_gemm_nt = fp8_fp4_gemm_nt
 fp8_gemm_nn = fp8_fp4_gemm_nn

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import runtime
+from ..epilogue import is_fp8_output
 from ..heuristics.config import layout_problem
 from ..kernels.common import GroupedLayout
 from ..utils.formats import bf16_bits_to_fp32, decode_e2m1, decode_e4m3, fp32_to_bf16_bits, unpack_fp4
@@ -22,8 +23,9 @@ from ..utils.layout import (
     transform_k_grouped_sf_into_required_layout,
     transform_sf_into_required_layout,
 )
-from ..utils.math import align, ceil_div
+from ..utils.math import align, ceil_div, per_token_cast_to_fp8
 from .checks import (
+    FP8,
     FP32,
     MAX_DIM,
     OPERAND_KINDS,
@@ -41,6 +43,8 @@ from .checks import (
 from .guard import api_call, protect
 
 INT32 = np.dtype(np.int32)
+# The alignment utils.layout's grouped scale transforms are built for (DeepGEMM-Ascend's fixed 256).
+SF_LAYOUT_ALIGNMENT = 256
 _KIND_NAMES = {"fp8": "float8_e4m3fn", "fp4": "int8 (packed FP4)", "bf16": "bfloat16"}
 _STORAGE = {"fp8": np.uint8, "fp4": np.uint8, "bf16": np.uint16}
 
@@ -143,6 +147,75 @@ def _check_out(d: object, shape: tuple[int, ...], name: str = "d", kinds: tuple[
     if not d.flags.writeable:
         raise ValueError(f"{name} is read-only ({d.flags.writeable=}); pass a writable array")
     return d, out_kind
+
+
+def check_grouped_out(epilogue, d: object, shape: tuple[int, ...], **inputs):
+    """(d, out_kind, sfd or None) of an M-grouped call's output: ``_check_out``'s bf16 / fp32 D, or FP8 output with
+    epilogue=FP8Quantization(sfd) (``check_grouped_fp8_out``); Identity() is the default, Alpha is refused. sfd must
+    not alias ``inputs``. Writes nothing."""
+    from ..epilogue import Alpha
+
+    if is_fp8_output(epilogue):
+        d, sfd = check_grouped_fp8_out(epilogue, d, shape)
+        check_no_alias(sfd, **inputs)
+        return d, "fp8", sfd
+    if isinstance(epilogue, Alpha):
+        raise ValueError(f"epilogue={epilogue!r}: the grouped GEMMs take Identity() or FP8Quantization(sfd) only")
+    d, out_kind = _check_out(d, shape)
+    return d, out_kind, None
+
+
+def check_grouped_fp8_out(epilogue, d: object, shape: tuple[int, ...], name: str = "d"):
+    """FP8 output of an M-grouped call (epilogue=FP8Quantization(sfd)): D float8_e4m3fn of ``shape`` with unit-stride
+    rows, N % 64 == 0, and sfd int16 as the kernel writes it. 2-D D [M, N]: sfd [M, N/64] with strides (1, M), as the
+    dense GEMM. 3-D D [G, rows, N] (masked, batched): one [rows, N/64] block per group, MN-major, i.e. sfd
+    [G, rows, N/64] with strides (rows * N/64, 1, rows) (np.empty((G, N // 64, rows), np.int16).transpose(0, 2, 1)),
+    or DeepGEMM-Ascend's batched form [rows, G * N/64] with strides (1, rows): the same memory. Returns (d, sfd as the
+    kernel's logical [R, P] int16 view: its transpose is C-contiguous [P, R]); writes nothing."""
+    from ..epilogue import check_epilogue
+
+    d = require_array(d, name)
+    if d.dtype != FP8:
+        raise TypeError(f"{name} must be float8_e4m3fn for FP8 output (the FP8Quantization epilogue), got "
+                        f"{name}.dtype={d.dtype}")
+    if d.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {d.shape}")
+    n = shape[-1]
+    if len(shape) == 2:
+        _, sfd = check_epilogue(epilogue, None, d, None, shape[0], n)
+        return d, sfd
+    num_groups, rows = shape[0], shape[1]
+    if n % 64:
+        raise ValueError(f"FP8 output needs N % 64 == 0 (one int16 sfd element per 64 columns), got n={n}")
+    sfd = require_array(epilogue.sfd, "sfd")
+    if sfd.dtype != np.int16:
+        raise TypeError(f"sfd must be int16 (two UE8M0 bytes per element), got sfd.dtype={sfd.dtype}")
+    pairs = n // 64
+    if sfd.shape == (num_groups, rows, pairs):
+        phys = np.swapaxes(sfd, 1, 2)
+        ok = phys.flags.c_contiguous or sfd.size == 0
+        flat = phys.reshape(num_groups * pairs, rows) if ok else None
+    elif sfd.shape == (rows, num_groups * pairs):
+        flat = sfd.T if sfd.T.flags.c_contiguous or sfd.size == 0 else None
+    else:
+        raise ValueError(f"sfd must have shape (G, rows, N/64) = {(num_groups, rows, pairs)} or DeepGEMM-Ascend's "
+                         f"(rows, G * N/64) = {(rows, num_groups * pairs)}, got sfd.shape={sfd.shape}")
+    if flat is None or not np.shares_memory(flat, sfd) and sfd.size:
+        raise ValueError(f"sfd must be MN-major per group (strides (rows * N/64, 1, rows) elements, e.g. "
+                         f"np.empty((G, N // 64, rows), np.int16).transpose(0, 2, 1)), got strides(bytes)="
+                         f"{sfd.strides}")
+    if not sfd.flags.writeable:
+        raise ValueError("sfd is read-only; pass a writable array")
+    if np.shares_memory(sfd, d):
+        raise ValueError("sfd shares memory with d; they must be separate arrays")
+    return d, flat.T
+
+
+def _zero_row_sf_pair() -> int:
+    """The packed UE8M0 pair per_token_cast_to_fp8 gives an all-zero row (the scale of amax 1e-4)."""
+    _, sf = per_token_cast_to_fp8(np.zeros((1, 64), np.float32), use_ue8m0=True, gran_k=32)
+    exp = int(sf.view(np.uint32)[0, 0] >> 23)
+    return exp | (exp << 8)
 
 
 def _rows_view(d: np.ndarray, name: str = "d") -> np.ndarray:
@@ -290,6 +363,8 @@ class MGroupedPlan:
     c_rows: np.ndarray | None = None  # [rows, N] accumulated into D (copied in before the launch)
     zero_padding: bool = False  # ensure_zero_padding: rows of D no group owns are zeroed (by the kernel)
     finish: object = None  # callable run after the kernel (copy a temporary back into the caller's D)
+    sfd: np.ndarray | None = None  # FP8 output: int16 [R, P] (check_grouped_fp8_out); per group when 3-D D
+    sfd_per_group: bool = False  # masked / batched: group g's scales at pair columns [g * N/64, (g + 1) * N/64)
     alpha: float = 1.0  # the kernel's output scale: 2^out_shift after ``rebalance_m_grouped_sf``
     extra: dict = field(default_factory=dict)
 
@@ -301,13 +376,17 @@ def run_m_grouped(plan: MGroupedPlan, reference: bool = False) -> object:
         rebalance_m_grouped_sf(plan)  # may raise ValueError: before anything is written
     if runtime.get_dry_run() and not reference:
         return _launch(plan)
-    protect(plan.d_rows, work=2.0 * plan.d_rows.shape[0] * plan.n * plan.k)
+    protect(plan.d_rows, plan.sfd, work=2.0 * plan.d_rows.shape[0] * plan.n * plan.k)
     if plan.c_rows is not None and plan.c_rows is not plan.d_rows:
         np.copyto(plan.d_rows, plan.c_rows)
     # NOTES: the kernel writes the padding zeros itself (its cores own the padding chunks); the host writes them
-    # only where no kernel runs: the float64 reference, K == 0, and calls without a real row or column.
-    if plan.zero_padding and (reference or not _launches(plan)):
-        plan.d_rows[_padding_mask(plan.d_rows.shape[0], plan.group_start, plan.group_rows)] = 0
+    # only where no kernel runs: the float64 reference, K == 0, and calls without a real row or column; and with FP8
+    # output (codes 0 and the scales of a zero row, what quantizing zeros gives), which the kernel leaves to the host.
+    if plan.zero_padding and (reference or not _launches(plan) or plan.out_kind == "fp8"):
+        pad = _padding_mask(plan.d_rows.shape[0], plan.group_start, plan.group_rows)
+        plan.d_rows[pad] = 0
+        if plan.sfd is not None:
+            plan.sfd.view(np.uint16)[pad] = _zero_row_sf_pair()
     # NOTES: K == 0 is upstream's early return (D = C, or zeros, in every group row); the numpy path writes exactly
     # that without a launch (for the masked kind it is the one case where the host reads masked_m to write).
     config = _reference_m_grouped(plan) if reference or plan.k == 0 else _launch(plan)
@@ -335,8 +414,9 @@ def rebalance_m_grouped_sf(plan: MGroupedPlan) -> None:
     if plan.sfa is None or plan.k == 0 or plan.n == 0 or plan.extra.get("rebalanced"):
         return
     plan.extra["rebalanced"] = True
-    # NOTES: alpha is 1.0 on the grouped paths, so alpha * 2^s stays finite in fp32 up to s = 126.
-    max_shift = 126
+    # NOTES: alpha is 1.0 on the grouped paths, so alpha * 2^s stays finite in fp32 up to s = 126; FP8 output
+    # quantizes the fp32 tile itself (there is no alpha), so nothing may move onto alpha.
+    max_shift = 0 if plan.out_kind == "fp8" else 126
     num_groups, pairs, n = plan.b.num_groups, ceil_div(plan.k, 64), plan.n
     rows = _live_rows(plan)
     groups = np.flatnonzero(np.clip(plan.group_rows.astype(np.int64), 0, plan.max_group_rows) > 0)
@@ -373,12 +453,15 @@ def _launches(plan: MGroupedPlan) -> bool:
 def _launch(plan: MGroupedPlan):
     if not _launches(plan):
         return None
-    zero_padding = plan.zero_padding if plan.gemm_type == "m_grouped_contiguous" else None
+    # NOTES: the kernel with FP8 output has no zero_padding argument (the host writes the padding, run_m_grouped).
+    zero_padding = (plan.zero_padding if plan.gemm_type == "m_grouped_contiguous" and plan.out_kind != "fp8"
+                    else None)
     layout = GroupedLayout(plan.group_start, plan.group_rows, plan.max_group_rows, plan.b.group_stride,
                            plan.sfb.size // plan.b.num_groups if plan.sfb is not None else 0, zero_padding)
-    d = plan.d_rows.view(np.uint16) if plan.out_kind == "bf16" else plan.d_rows
+    storage = {"bf16": np.uint16, "fp8": np.uint8}.get(plan.out_kind)
+    d = plan.d_rows.view(storage) if storage else plan.d_rows
     common = dict(with_accumulation=plan.with_accumulation, alpha=plan.alpha, compiled_dims=plan.compiled_dims,
-                  gemm_type=plan.gemm_type, num_groups=plan.model_groups, grouped=layout)
+                  gemm_type=plan.gemm_type, num_groups=plan.model_groups, grouped=layout, sfd=plan.sfd)
     if plan.a_kind == "bf16":
         from ..kernels.bf16_gemm import launch_bf16_gemm
 
@@ -437,7 +520,20 @@ def _reference_m_grouped(plan: MGroupedPlan) -> None:
         if plan.sfa is not None:
             a = a * _scales(plan.sfa[:, r0:r0 + rows], rows, k)
             b = b * _scales(plan.sfb[g * pairs:(g + 1) * pairs], n, k)
-        store_rows(plan.d_rows, plan.out_kind, r0, a @ b.T, plan.with_accumulation)
+        if plan.out_kind == "fp8":
+            _store_fp8_rows(plan, g, r0, (a @ b.T).astype(np.float32))
+        else:
+            store_rows(plan.d_rows, plan.out_kind, r0, a @ b.T, plan.with_accumulation)
+
+
+def _store_fp8_rows(plan: MGroupedPlan, g: int, r0: int, acc32: np.ndarray) -> None:
+    """FP8 output of group g's rows from r0: per_token_cast_to_fp8 of the fp32 result into D and its scales."""
+    codes, sf = per_token_cast_to_fp8(acc32, use_ue8m0=True, gran_k=32)
+    exps = (sf.view(np.uint32) >> 23).astype(np.uint16)
+    rows, pairs = acc32.shape[0], plan.n // 64
+    plan.d_rows[r0:r0 + rows] = codes
+    row0, p0 = (r0 - int(plan.group_start[g]), g * pairs) if plan.sfd_per_group else (r0, 0)
+    plan.sfd.view(np.uint16)[row0:row0 + rows, p0:p0 + pairs] = exps[:, 0::2] | (exps[:, 1::2] << 8)
 
 
 def _operands_a_b(a, b, kinds: tuple[str, ...], nn: bool, a_k_major: bool = True):
@@ -491,7 +587,8 @@ def _check_pair_kinds(a_kind: str, b_kind: str, a_arr, b_arr) -> None:
 
 def plan_m_grouped_contiguous(a, b, d, grouped_layout, *, kinds, nn, recipe=None, recipe_a=None, recipe_b=None,
                               compiled_dims="nk", disable_ue8m0_cast=False, use_psum_layout=True,
-                              ensure_zero_padding=True, expected_m_for_psum_layout=None) -> MGroupedPlan:
+                              ensure_zero_padding=True, expected_m_for_psum_layout=None,
+                              epilogue=None) -> MGroupedPlan:
     """Every check of an M-grouped contiguous call; returns the plan, writes nothing."""
     # Operands
     a_arr, sfa, op_b, sfb = _operands_a_b(a, b, kinds, nn)
@@ -504,7 +601,8 @@ def plan_m_grouped_contiguous(a, b, d, grouped_layout, *, kinds, nn, recipe=None
     if op_b.k != k:
         raise ValueError(f"A and B disagree on K: a has K={k}, b has K={op_b.k} (a.shape={a_arr.shape})")
     check_dims(m=m, n=n, k=k)
-    d, out_kind = _check_out(d, (m, n))
+    d, out_kind, sfd = check_grouped_out(epilogue, d, (m, n), a=a_arr, b=op_b.phys, sfa=sfa, sfb=sfb,
+                                         grouped_layout=grouped_layout)
     d_rows = _rows_view(d)
     check_no_alias(d, a=a_arr, b=op_b.phys, sfa=sfa, sfb=sfb, grouped_layout=grouped_layout)
     dims = check_compiled_dims(compiled_dims)
@@ -548,7 +646,9 @@ def plan_m_grouped_contiguous(a, b, d, grouped_layout, *, kinds, nn, recipe=None
     if a_kind != "bf16":
         gran_a, gran_b = resolve_recipes(recipe, recipe_a, recipe_b)
         ra = (gran_a[0], 1, gran_a[1])
-        psum_for_sf = lay if use_psum_layout and sizes.sum() else None
+        # NOTES: the layout transform knows DeepGEMM-Ascend's fixed alignment only; at any other alignment the
+        # rows of no group are masked here (fp32, below) and never read by the kernel (other dtypes).
+        psum_for_sf = lay if use_psum_layout and sizes.sum() and alignment == SF_LAYOUT_ALIGNMENT else None
         gran_mn = ra[0]
         if sfa.dtype == FP32 and sfa.ndim == 2 and gran_mn >= 1 and sfa.shape[0] == ceil_div(m, gran_mn):
             # NOTES: scales of rows of no group (padding, rows past the last group, -1 rows of the per-row layout)
@@ -573,12 +673,12 @@ def plan_m_grouped_contiguous(a, b, d, grouped_layout, *, kinds, nn, recipe=None
         gemm_type="m_grouped_contiguous", a_kind=a_kind, a_phys=a_phys, sfa=sfa_phys, b=op_b, sfb=sfb_phys,
         d_rows=d_rows, out_kind=out_kind, n=n, k=k, group_start=starts.astype(np.int32),
         group_rows=sizes.astype(np.int32), max_group_rows=m, model_m=model_m if m and n else 0,
-        model_groups=model_groups, compiled_dims=dims, zero_padding=bool(ensure_zero_padding),
+        model_groups=model_groups, compiled_dims=dims, zero_padding=bool(ensure_zero_padding), sfd=sfd,
     )
 
 
 def plan_m_grouped_masked(a, b, d, masked_m, expected_m, *, kinds, recipe=None, recipe_a=None, recipe_b=None,
-                          compiled_dims="nk", disable_ue8m0_cast=False) -> MGroupedPlan:
+                          compiled_dims="nk", disable_ue8m0_cast=False, epilogue=None) -> MGroupedPlan:
     """Every check of an M-grouped masked call; returns the plan, writes nothing. ``masked_m`` is checked here
     (values in [0, max_m]) but the schedule reads it on the device; the heuristic uses ``expected_m`` only."""
     if "bf16" in kinds:
@@ -592,7 +692,8 @@ def plan_m_grouped_masked(a, b, d, masked_m, expected_m, *, kinds, recipe=None, 
     num_groups, max_m, k, n = check_stacked_pair(op_a, op_b, a_arr, b_arr, "the number of groups")
     # NOTES: the masked schedule indexes A's and D's rows as g * max_m + row, so the total must fit a uint32 too.
     check_dims(max_m=max_m, n=n, k=k, **{"num_groups*max_m": num_groups * max_m})
-    d, out_kind = _check_out(d, (num_groups, max_m, n))
+    d, out_kind, sfd = check_grouped_out(epilogue, d, (num_groups, max_m, n), a=a_arr, b=b_arr, sfa=sfa, sfb=sfb,
+                                         masked_m=masked_m)
     d_rows = _rows_view(d)
     check_no_alias(d, a=a_arr, b=b_arr, sfa=sfa, sfb=sfb, masked_m=masked_m)
     dims = check_compiled_dims(compiled_dims)
@@ -628,7 +729,7 @@ def plan_m_grouped_masked(a, b, d, masked_m, expected_m, *, kinds, recipe=None, 
         group_start=(np.arange(num_groups, dtype=np.int64) * max_m).astype(np.int32),
         group_rows=np.ascontiguousarray(mm),
         max_group_rows=max_m, model_m=expected * num_groups if max_m and n else 0, model_groups=num_groups,
-        compiled_dims=dims,
+        compiled_dims=dims, sfd=sfd, sfd_per_group=True,
     )
 
 
@@ -639,80 +740,87 @@ def plan_m_grouped_masked(a, b, d, masked_m, expected_m, *, kinds, recipe=None, 
 @api_call
 def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None,
                                          compiled_dims="nk", disable_ue8m0_cast=False, use_psum_layout=True,
-                                         ensure_zero_padding=True, expected_m_for_psum_layout=None):
+                                         ensure_zero_padding=True, expected_m_for_psum_layout=None, epilogue=None):
     """M-grouped GEMM, groups stacked along M: D[rows of g] = dequant(A[rows of g]) @ dequant(B[g])^T.
 
     a = (A float8_e4m3fn [M, K] or packed FP4 [M, K/2], K-major; sfa [M, ceil(K/gran_k)] fp32 or int16 required
     layout), b = (B [G, N, K] (either major), sfb [G, N, ...]), d bfloat16/float32 [M, N]. ``grouped_layout`` int32:
-    the psum layout [G] (running row totals; group g owns rows [align(psum[g-1], 256), psum[g])), or with
+    the psum layout [G] (running row totals; group g owns rows [align(psum[g-1], alignment), psum[g]), alignment
+    = get_mk_alignment_for_contiguous_layout(), 256 by default), or with
     ``use_psum_layout=False`` CUDA DeepGEMM's per-row layout [M] (group of each row, -1 for padding; each group
     one run of rows). Rows of no group: zeroed when ``ensure_zero_padding``, else untouched, with either layout
     (CUDA DeepGEMM's per-row kernel never writes them either: its tests zero them in D before comparing). The
     kernel walks only the groups' real rows; ``expected_m_for_psum_layout`` (psum only) replaces the real layout as
-    the heuristic's per-group row hint (a hint: above M it is clamped to M). Returns the kernel's GemmConfig (None
-    when there is nothing to compute).
+    the heuristic's per-group row hint (a hint: above M it is clamped to M). ``epilogue``: None / Identity(), or
+    FP8Quantization(sfd) for FP8 output (d float8_e4m3fn, sfd int16 [M, N/64] with strides (1, M), N % 64 == 0; the
+    codes and scales of per_token_cast_to_fp8 of the fp32 result). Returns the kernel's GemmConfig (None when there
+    is nothing to compute).
     """
     plan = plan_m_grouped_contiguous(a, b, d, grouped_layout, kinds=("fp8", "fp4"), nn=False, recipe=recipe,
                                      recipe_a=recipe_a, recipe_b=recipe_b, compiled_dims=compiled_dims,
                                      disable_ue8m0_cast=disable_ue8m0_cast, use_psum_layout=use_psum_layout,
                                      ensure_zero_padding=ensure_zero_padding,
-                                     expected_m_for_psum_layout=expected_m_for_psum_layout)
+                                     expected_m_for_psum_layout=expected_m_for_psum_layout, epilogue=epilogue)
     return run_m_grouped(plan)
 
 
 @api_call
 def m_grouped_fp8_fp4_gemm_nn_contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None,
                                          compiled_dims="nk", disable_ue8m0_cast=False, use_psum_layout=True,
-                                         ensure_zero_padding=True, expected_m_for_psum_layout=None):
+                                         ensure_zero_padding=True, expected_m_for_psum_layout=None, epilogue=None):
     """As ``m_grouped_fp8_fp4_gemm_nt_contiguous`` with B given as [G, K, N] (sfb as [G, ceil(K/gran_k), N])."""
     plan = plan_m_grouped_contiguous(a, b, d, grouped_layout, kinds=("fp8", "fp4"), nn=True, recipe=recipe,
                                      recipe_a=recipe_a, recipe_b=recipe_b, compiled_dims=compiled_dims,
                                      disable_ue8m0_cast=disable_ue8m0_cast, use_psum_layout=use_psum_layout,
                                      ensure_zero_padding=ensure_zero_padding,
-                                     expected_m_for_psum_layout=expected_m_for_psum_layout)
+                                     expected_m_for_psum_layout=expected_m_for_psum_layout, epilogue=epilogue)
     return run_m_grouped(plan)
 
 
 @api_call
 def m_grouped_bf16_gemm_nt_contiguous(a, b, d, grouped_layout, compiled_dims="nk", use_psum_layout=True,
-                                      ensure_zero_padding=True, expected_m_for_psum_layout=None):
+                                      ensure_zero_padding=True, expected_m_for_psum_layout=None, epilogue=None):
     """BF16 M-grouped contiguous GEMM: A bfloat16 [M, K] (K-major), B bfloat16 [G, N, K]; layouts as the FP8 form."""
     plan = plan_m_grouped_contiguous(a, b, d, grouped_layout, kinds=("bf16",), nn=False, compiled_dims=compiled_dims,
                                      use_psum_layout=use_psum_layout, ensure_zero_padding=ensure_zero_padding,
-                                     expected_m_for_psum_layout=expected_m_for_psum_layout)
+                                     expected_m_for_psum_layout=expected_m_for_psum_layout, epilogue=epilogue)
     return run_m_grouped(plan)
 
 
 @api_call
 def m_grouped_bf16_gemm_nn_contiguous(a, b, d, grouped_layout, compiled_dims="nk", use_psum_layout=True,
-                                      ensure_zero_padding=True, expected_m_for_psum_layout=None):
+                                      ensure_zero_padding=True, expected_m_for_psum_layout=None, epilogue=None):
     """As ``m_grouped_bf16_gemm_nt_contiguous`` with B given as [G, K, N]."""
     plan = plan_m_grouped_contiguous(a, b, d, grouped_layout, kinds=("bf16",), nn=True, compiled_dims=compiled_dims,
                                      use_psum_layout=use_psum_layout, ensure_zero_padding=ensure_zero_padding,
-                                     expected_m_for_psum_layout=expected_m_for_psum_layout)
+                                     expected_m_for_psum_layout=expected_m_for_psum_layout, epilogue=epilogue)
     return run_m_grouped(plan)
 
 
 @api_call
 def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None, recipe_a=None, recipe_b=None,
-                                     compiled_dims="nk", disable_ue8m0_cast=False):
+                                     compiled_dims="nk", disable_ue8m0_cast=False, epilogue=None):
     """M-grouped masked GEMM (decode): D[g, :masked_m[g]] = dequant(A[g, :masked_m[g]]) @ dequant(B[g])^T.
 
     a = (A [G, max_m, K] K-major, sfa [G, max_m, ceil(K/gran_k)]), b = (B [G, N, K], sfb [G, N, ...]), d bfloat16 or
     float32 [G, max_m, N]; masked_m int32 [G] in [0, max_m], read by the kernel (rows at or past masked_m[g] are
     never written, whatever A holds there); ``expected_m`` (an int > 0) is the heuristic's per-group row hint
-    (a hint, as upstream: above max_m it is clamped to max_m, since no group has more rows).
+    (a hint, as upstream: above max_m it is clamped to max_m, since no group has more rows). FP8 output:
+    epilogue=FP8Quantization(sfd), d float8_e4m3fn, sfd int16 [G, max_m, N/64] with strides (max_m * N/64, 1, max_m)
+    (check_grouped_fp8_out); rows past masked_m[g] keep their codes and scales.
     """
     plan = plan_m_grouped_masked(a, b, d, masked_m, expected_m, kinds=("fp8", "fp4"), recipe=recipe,
                                  recipe_a=recipe_a, recipe_b=recipe_b, compiled_dims=compiled_dims,
-                                 disable_ue8m0_cast=disable_ue8m0_cast)
+                                 disable_ue8m0_cast=disable_ue8m0_cast, epilogue=epilogue)
     return run_m_grouped(plan)
 
 
 @api_call
-def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m, compiled_dims="nk"):
-    """BF16 M-grouped masked GEMM: A bfloat16 [G, max_m, K], B bfloat16 [G, N, K], D [G, max_m, N]."""
-    plan = plan_m_grouped_masked(a, b, d, masked_m, expected_m, kinds=("bf16",), compiled_dims=compiled_dims)
+def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m, compiled_dims="nk", epilogue=None):
+    """BF16 M-grouped masked GEMM: A bfloat16 [G, max_m, K], B bfloat16 [G, N, K], D [G, max_m, N]; epilogue as
+    the FP8 form."""
+    plan = plan_m_grouped_masked(a, b, d, masked_m, expected_m, kinds=("bf16",), compiled_dims=compiled_dims,
+                                 epilogue=epilogue)
     return run_m_grouped(plan)
 
 
@@ -738,8 +846,8 @@ class KGroupedPlan:
     b_phys: np.ndarray  # [K_total, N] or [N, K_total]
     major_a: str
     major_b: str
-    sfa: np.ndarray | None  # C-contiguous int16 [ceil(K_total/64), M]
-    sfb: np.ndarray | None
+    sfa: list | None  # per group: C-contiguous int16 [ceil(K_g/64), M] (None for an empty group)
+    sfb: list | None  # per group: [ceil(K_g/64), N]
     d: np.ndarray  # fp32 [G, M, N]
     c: np.ndarray | None
     m: int
@@ -817,20 +925,27 @@ def plan_k_grouped(a, b, d, ks_cpu, grouped_layout, c, *, kind, recipe=(1, 1, 32
         if not isinstance(ks_cpu, (list, tuple)) or len(ks_cpu) != num_groups:
             raise ValueError(f"ks_cpu must be a list of {num_groups} ints (one K per group) or None, "
                              f"got {ks_cpu!r}")
+        # NOTES: CUDA DeepGEMM's tests pass each group's K aligned up to the mk alignment (an upper bound, the
+        # group's span up to the next group's start); the real K is taken too. Anything else is refused.
         for g, (given, real) in enumerate(zip(ks_cpu, sizes.tolist(), strict=True)):
-            if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or given != real:
+            if isinstance(given, bool) or not isinstance(given, (int, np.integer)) or given not in (
+                    real, align(real, alignment)):
                 raise ValueError(f"ks_cpu[{g}]={given!r} disagrees with grouped_layout, which gives group {g} "
-                                 f"K={real}")
+                                 f"K={real}; ks_cpu[{g}] must be {real} or align({real}, {alignment}) = "
+                                 f"{align(real, alignment)} (the mk alignment)")
 
     sfa_phys = sfb_phys = None
     if kind != "bf16":
         psum_equiv = (starts + sizes).astype(np.int64)
         for name, sf, mn, is_sfa in (("sfa", sfa, m, True), ("sfb", sfb, n, False)):
             try:
-                req = transform_k_grouped_sf_into_required_layout(sf, mn, k_total, recipe, is_sfa, psum_equiv)
+                if alignment == SF_LAYOUT_ALIGNMENT:
+                    req = transform_k_grouped_sf_into_required_layout(sf, mn, k_total, recipe, is_sfa, psum_equiv)
+                else:
+                    req = _k_grouped_sf_any_alignment(sf, mn, k_total, recipe, is_sfa, starts, sizes)
             except (ValueError, TypeError) as e:
                 raise type(e)(f"{name}: {e}") from None
-            phys = np.ascontiguousarray(req.T)
+            phys = _k_group_sf_blocks(np.ascontiguousarray(req.T), starts, sizes)
             if is_sfa:
                 sfa_phys = phys
             else:
@@ -840,6 +955,43 @@ def plan_k_grouped(a, b, d, ks_cpu, grouped_layout, c, *, kind, recipe=(1, 1, 32
     b_phys = b_arr.view(storage) if majors["b"] == "mn" else b_arr.T.view(storage)
     return KGroupedPlan(kind, a_phys, b_phys, majors["a"], majors["b"], sfa_phys, sfb_phys, d, c, m, n, starts,
                         sizes, dims)
+
+
+def _k_grouped_sf_any_alignment(sf, mn: int, k_total: int, recipe, is_sfa: bool, starts: np.ndarray,
+                                sizes: np.ndarray) -> np.ndarray:
+    """K-grouped scales -> the required layout [mn, ceil(K_total/64)] at an mk alignment other than 256: the
+    columns of fp32 scales that cover no group's K (padding, past the last group) are never read, so they are not
+    validated (set to 1.0 first); the groups' blocks are then cut out per group (``_k_group_sf_blocks``)."""
+    gran_k = recipe[-1] if isinstance(recipe, (tuple, list)) and recipe else 32
+    sf = require_array(sf, "sf")
+    if (sf.dtype == FP32 and sf.ndim == 2 and isinstance(gran_k, (int, np.integer)) and gran_k > 0
+            and sf.shape[1] == ceil_div(k_total, gran_k)):
+        live = np.zeros(sf.shape[1], bool)
+        for s0, kg in zip(starts.tolist(), sizes.tolist(), strict=True):
+            if kg:
+                live[s0 // gran_k:ceil_div(s0 + kg, gran_k)] = True
+        if not live.all():
+            sf = np.where(live[None, :], sf, np.float32(1.0))
+    return transform_sf_into_required_layout(sf, mn, k_total, recipe, is_sfa=is_sfa)
+
+
+def _k_group_sf_blocks(phys: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> list[np.ndarray | None]:
+    """Each group's own scale pairs, C-contiguous int16 [ceil(K_g/64), MN], from the whole K range's physical
+    int16 [ceil(K_total/64), MN]: the group's UE8M0 blocks from its first one (a group may start at an odd 32-block
+    when the mk alignment is 32), re-paired from there, with the byte past an odd block count 0 (2^-127, as the
+    layout transform pads). None for an empty group."""
+    pairs, mn = phys.shape
+    exps = phys.view(np.uint8).reshape(pairs, mn, 2).transpose(0, 2, 1).reshape(2 * pairs, mn)
+    out: list[np.ndarray | None] = []
+    for s0, kg in zip(starts.tolist(), sizes.tolist(), strict=True):
+        if kg == 0:
+            out.append(None)
+            continue
+        b0, nb = s0 // 32, ceil_div(kg, 32)
+        blocks = np.zeros((2 * ceil_div(nb, 2), mn), np.uint8)
+        blocks[:nb] = exps[b0:b0 + nb]
+        out.append((blocks[0::2].astype(np.uint16) | (blocks[1::2].astype(np.uint16) << 8)).view(np.int16))
+    return out
 
 
 def run_k_grouped(plan: KGroupedPlan, reference: bool = False):
@@ -872,12 +1024,12 @@ def run_k_grouped(plan: KGroupedPlan, reference: bool = False):
         np.copyto(plan.d, plan.c)
     for g in live:
         if reference:
-            k0, kg = int(plan.k_start[g]), int(plan.ks[g])
+            kg = int(plan.ks[g])
             a = _values(plan.group_phys(g, "a"), plan.kind, plan.major_a, m, kg)
             b = _values(plan.group_phys(g, "b"), plan.kind, plan.major_b, n, kg)
             if plan.sfa is not None:
-                a = a * _scales(plan.sfa[k0 // 64:k0 // 64 + ceil_div(kg, 64)], m, kg)
-                b = b * _scales(plan.sfb[k0 // 64:k0 // 64 + ceil_div(kg, 64)], n, kg)
+                a = a * _scales(plan.sfa[g], m, kg)
+                b = b * _scales(plan.sfb[g], n, kg)
             plan.d[g] = (a @ b.T + plan.d[g].astype(np.float64)).astype(np.float32)
         else:
             _k_group_launch(plan, g, config)
@@ -893,9 +1045,8 @@ def _rebalance_k_groups(plan: KGroupedPlan, live: list[int]) -> None:
     out = {}
     for g in live:
         k0, kg = int(plan.k_start[g]), int(plan.ks[g])
-        sl = slice(k0 // 64, k0 // 64 + ceil_div(kg, 64))
         try:
-            sfa, sfb, shift, l0_bf16 = rebalance_scales(plan.sfa[sl], plan.sfb[sl], kg, plan.kind, plan.kind, 126)
+            sfa, sfb, shift, l0_bf16 = rebalance_scales(plan.sfa[g], plan.sfb[g], kg, plan.kind, plan.kind, 126)
         except ValueError as e:
             raise ValueError(f"group {g} (K {k0}..{k0 + kg - 1}; its K blocks counted from its start): {e}") from None
         out[g] = (sfa, sfb, float(np.ldexp(1.0, shift)), l0_bf16)
@@ -905,14 +1056,13 @@ def _rebalance_k_groups(plan: KGroupedPlan, live: list[int]) -> None:
 def _k_group_launch(plan: KGroupedPlan, g: int, config) -> None:
     # NOTES: one launch per non-empty group of the dense schedule over that group's K range, accumulating into
     # D[g] (K is a runtime dim, so every group shares one kernel; the config is the K-grouped problem's).
-    k0, kg = int(plan.k_start[g]), int(plan.ks[g])
+    kg = int(plan.ks[g])
     a_g, b_g = plan.group_phys(g, "a"), plan.group_phys(g, "b")
     d_g = plan.d[g]
     alpha, l0_bf16 = 1.0, True
     sfa = sfb = None
     if plan.sfa is not None:
-        sl = slice(k0 // 64, k0 // 64 + ceil_div(kg, 64))
-        sfa, sfb, alpha, l0_bf16 = (plan.group_sf or {}).get(g, (plan.sfa[sl], plan.sfb[sl], 1.0, True))
+        sfa, sfb, alpha, l0_bf16 = (plan.group_sf or {}).get(g, (plan.sfa[g], plan.sfb[g], 1.0, True))
     common = dict(with_accumulation=True, alpha=alpha, compiled_dims=plan.compiled_dims, config=config)
     if plan.kind == "bf16":
         from ..kernels.bf16_gemm import launch_bf16_gemm
@@ -933,8 +1083,9 @@ def k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, re
     a = (A float8_e4m3fn [K_total, M], sfa [M, ceil(K_total/gran_k)] fp32 or int16 [M, ceil(K_total/64)] required
     layout), b = (B [K_total, N], sfb [N, ...]), MN-major (K-major taken too); d float32 [G, M, N]; c required
     (float32 [G, M, N], or c=d). ``grouped_layout`` int32 [G]: cumulative K ends (group g's K rows start at
-    align(end[g-1], 256)), or with ``use_psum_layout=False`` the K of each group (multiples of 256, summing to
-    K_total). ``ks_cpu``: None or the per-group K list (checked against the layout). Empty groups give D[g] = C[g].
+    align(end[g-1], alignment), the mk alignment, 256 by default), or with ``use_psum_layout=False`` the K of each
+    group (multiples of the alignment, summing to K_total). ``ks_cpu``: None or the per-group K list, each entry the
+    group's K or (as CUDA DeepGEMM's tests pass it) that K aligned up to the alignment. Empty groups give D[g] = C[g].
     """
     plan = plan_k_grouped(a, b, d, ks_cpu, grouped_layout, c, kind="fp8", recipe=recipe, compiled_dims=compiled_dims,
                           use_psum_layout=use_psum_layout)

@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 from numba import carray, njit, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from ..jit.numba_setup import apply_numba_settings
 from .vector import _itemsize
@@ -188,14 +188,25 @@ def ub_tensor(ub, aiv, byte_offset, rows, cols, dtype):
     return carray(_address_as_ptr(ub[aiv].ctypes.data + byte_offset, dtype), (rows, cols))
 
 
-@intrinsic
-def borrow(typingctx, arr):
+def borrow(arr):
     """A view of ``arr`` (same data, shape, strides) that holds no reference: the mixed kernel's scheduler hands
-    these to its sub-core generators.
+    these to its sub-core generators. In plain Python (kernels run uncompiled in tests) it is ``arr`` itself.
 
     NOTES: numba never releases what a nopython generator captured (measured: every launch of a mixed kernel kept
     its array arguments, the output included, and the cross-core state alive forever). The scheduler owns the real
     references and outlives its generators, so borrowed views are safe there and nothing leaks."""
+    return arr
+
+
+@overload(borrow)
+def _borrow_impl(arr):
+    if isinstance(arr, types.Array):
+        return lambda arr: _borrowed(arr)
+    return None
+
+
+@intrinsic
+def _borrowed(typingctx, arr):
     if not isinstance(arr, types.Array):
         return None
 

@@ -17,12 +17,14 @@ from .arch import ArchSpec
 from .model import AIVS_PER_CORE, LAUNCH_S, MAD_ISSUE_CYCLES, MEMORY_FIGURES, VECTOR_FP32_PER_CYCLE
 
 MQA_DTYPES = ("fp8", "fp4")
-MQA_HEAD_DIMS = (64, 128)
+MQA_HEAD_DIMS = (32, 64, 128)
+# NOTES: FP4 head_dim 32 is refused as CUDA DeepGEMM does (its FP4 path takes 64 and 128 only).
+MQA_FP4_HEAD_DIMS = (64, 128)
 MQA_MIN_HEADS, MQA_MAX_HEADS = 4, 64
 # NOTES: the paged schedule's work unit, as upstream: one query atom against 256 keys (a whole number of pages for
-# page sizes 64 and 128). The metadata splits units, so it is fixed (the kernel's block_kv is this).
+# page sizes 32, 64 and 128). The metadata splits units, so it is fixed (the kernel's block_kv is this).
 PAGED_SPLIT_KV = 256
-PAGE_SIZES = (64, 128)
+PAGE_SIZES = (32, 64, 128)
 # NOTES: the MAD's rows (query rows x heads) are capped by L0C (two [rows, block_kv] fp32 slots in 256 KiB) and by
 # one AIV's UB (two fp32 [rows, block_kv / 2] stages plus the operator's buffers).
 MAX_MAD_ROWS = 128
@@ -111,7 +113,7 @@ def config_violations(desc: MqaDesc, c: MqaConfig, arch: ArchSpec) -> list[str]:
         out.append(f"L1 needs {l1} B > {arch.l1_bytes} B")
     half = c.block_kv // 2
     ub = c.num_ub_stages * mad_m * half * 4 + MQA_SCALE_ROWS * half * 4 + c.block_q * desc.num_heads * 4 \
-        + c.block_q * half * 6 + half * 2
+        + c.block_q * half * 6 + half * 2 + half * 4
     if ub > arch.ub_bytes:
         out.append(f"UB needs {ub} B > {arch.ub_bytes} B")
     return out
@@ -402,6 +404,9 @@ def _estimate_target(num_heads: object, head_dim: object, q_dtype: str, kv_dtype
     for name, value in (("q_dtype", q_dtype), ("kv_dtype", kv_dtype)):
         if value not in MQA_DTYPES:
             raise ValueError(f"{name}={value!r}; allowed: {MQA_DTYPES}")
+    if "fp4" in (q_dtype, kv_dtype) and head_dim not in MQA_FP4_HEAD_DIMS:
+        raise ValueError(f"head_dim={head_dim} with FP4 must be one of {MQA_FP4_HEAD_DIMS} (as CUDA DeepGEMM's FP4 "
+                         f"path)")
     if arch is None:
         spec = runtime.get_arch_spec()
     else:

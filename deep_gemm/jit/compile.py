@@ -332,6 +332,9 @@ class CompiledKernel:
                 for fn in self.phase_fns:
                     fn.compile(sig)
             except BaseException as e:
+                notice = self.__dict__.pop("_compile_notice", None)  # a compile this process announced (notice.py)
+                if notice is not None:
+                    notice.finish(failed=True)
                 if seen or isinstance(e, KeyboardInterrupt):
                     _after_interrupt()
                     if not isinstance(e, KeyboardInterrupt):
@@ -341,6 +344,9 @@ class CompiledKernel:
                     raise self._compile_error(e, args) from e
                 raise
         if seen:  # swallowed inside a callback (LLVM's object-code hook), the compile then went on: still honour it
+            notice = self.__dict__.pop("_compile_notice", None)
+            if notice is not None:
+                notice.finish(failed=True)
             _after_interrupt()
             raise seen[0]
         after = self.numba_stats()
@@ -349,6 +355,9 @@ class CompiledKernel:
         if after == before:
             return  # this signature was compiled before
         self.timings["numba"] = time.perf_counter() - t0
+        notice = self.__dict__.pop("_compile_notice", None)
+        if notice is not None:
+            notice.finish()
         loaded = after["cache_hits"] > before["cache_hits"]
         how = "loaded from numba's cache" if loaded else "compiled by numba"
         if loaded:
@@ -726,8 +735,17 @@ def _build_locked(name, constants, template, template_dir, device_module, sync_c
             if root == roots.write and not usable:
                 writable = False  # the damaged entry could not be moved aside: this root cannot take a new one
     if kernel is None:
-        kernel = _build_new(roots.write if writable else None, name, digest, components, rendered, line_map,
-                            constants, template, device_module, timings, sync_check)
+        # NOTES: a miss of every cache: announce it (jit/notice.py; numba compiles at the first call, which ends it)
+        from .notice import CompileNotice
+
+        notice = CompileNotice(name, constants)
+        try:
+            kernel = _build_new(roots.write if writable else None, name, digest, components, rendered, line_map,
+                                constants, template, device_module, timings, sync_check)
+        except BaseException:
+            notice.finish(failed=True)
+            raise
+        kernel._compile_notice = notice
     _by_digest[digest] = kernel
     if kernel.path is not None:
         _index_build(name, constants, template, template_dir, device_module, sync_check, digest, components)

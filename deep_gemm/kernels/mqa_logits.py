@@ -16,6 +16,18 @@ from .family import KernelFamily, PreparedKernel
 # NOTES: a 1-element stand-in for absent scale tensors (the kernels read them only when their flag is set).
 _NO_SF = np.zeros(1, np.int16)
 _NO_SCALE = np.ones(1, np.float32)
+# NOTES: the logits output of the dtype not written (the kernels write gm_logits or gm_logits_f32, by logits_f32).
+_NO_LOGITS_BF16 = np.zeros(1, np.uint16)
+_NO_LOGITS_F32 = np.zeros(1, np.float32)
+
+
+def _logits_args(logits: np.ndarray) -> dict[str, object]:
+    """The kernels' logits arguments for uint16 (bf16 bits) or fp32 ``logits``: the GM views and the flag."""
+    if logits.dtype == np.float32:
+        flat, stride = gm_view(logits, np.float32)
+        return dict(gm_logits=_NO_LOGITS_BF16, gm_logits_f32=flat, stride_logits=stride, logits_f32=1)
+    flat, stride = gm_view(logits, np.uint16)
+    return dict(gm_logits=flat, gm_logits_f32=_NO_LOGITS_F32, stride_logits=stride, logits_f32=0)
 
 
 def _template_constants(desc: MqaDesc, config: MqaConfig, arch: ArchSpec,
@@ -60,20 +72,19 @@ def launch_mqa_logits(q: np.ndarray, sfq: np.ndarray | None, kv: np.ndarray, sfk
     """Run the ragged kernel; returns its config.
 
     q: uint8 [S * H, >= D storage] (row = query row * H + head; FP4 packed two per byte); kv: uint8 [S_kv, >= D
-    storage]; sfq / sfkv: int16 required layout [D / 64, S * H] / [D / 64, S_kv] (UE8M0 pairs) or None; kv_scale:
-    fp32 [S_kv] or None; weights: fp32 [S, >= H]; ks / ke: int32 [S]; logits: uint16 (bf16 bits) [S, >= out_cols]
-    with unit column stride, written at [i, j - (ks[i] if compressed else 0)] for j in [ks[i], ke[i]) and, with
-    clean_logits, -inf everywhere else in [0, out_cols).
+    storage]; sfq / sfkv: int16 required layout [ceil(D / 64), S * H] / [ceil(D / 64), S_kv] (UE8M0 pairs) or None;
+    kv_scale: fp32 [S_kv] or None; weights: fp32 [S, >= H]; ks / ke: int32 [S]; logits: uint16 (bf16 bits) or fp32
+    (the sums the bf16 form rounds) [S, >= out_cols] with unit column stride, written at [i, j - (ks[i] if
+    compressed else 0)] for j in [ks[i], ke[i]) and, with clean_logits, -inf everywhere else in [0, out_cols).
     """
     prepared = prepare_mqa(num_heads, head_dim, q_dtype, kv_dtype, 0, config)
     seq_len, out_cols = logits.shape
     flat_q, stride_q = gm_view(q, np.uint8)
     flat_kv, stride_kv = gm_view(kv, np.uint8)
     flat_w, stride_w = gm_view(weights, np.float32)
-    flat_out, stride_out = gm_view(logits, np.uint16)
     args = dict(gm_q=flat_q, stride_q=stride_q, gm_kv=flat_kv, stride_kv=stride_kv,
                 gm_kv_scale=_NO_SCALE if kv_scale is None else kv_scale, gm_weights=flat_w, stride_w=stride_w,
-                gm_ks=ks, gm_ke=ke, gm_logits=flat_out, stride_logits=stride_out, seq_len=seq_len,
+                gm_ks=ks, gm_ke=ke, **_logits_args(logits), seq_len=seq_len,
                 seq_len_kv=kv.shape[0], out_cols=out_cols, q_mx=int(sfq is not None), kv_mx=int(sfkv is not None),
                 kv_token_scale=int(kv_scale is not None), compressed=int(compressed), clean_logits=int(clean_logits),
                 num_heads=num_heads, head_dim=head_dim, block_q=prepared.config.block_q)
@@ -94,7 +105,8 @@ def launch_paged_mqa_logits(q: np.ndarray, sfq: np.ndarray | None, cache: np.nda
     cache, C-contiguous, [num_blocks * page_size * token_bytes] (heuristics.mqa.paged_token_bytes); block_table:
     int32 [B, >= pages] with unit column stride; context_lens: int32 [B * next_n] (per query token); schedule_meta:
     int32 [cores + 1, 2] (get_paged_mqa_logits_metadata for these context lens, heads and cores); weights: fp32
-    [B * next_n, >= H]; logits: uint16 (bf16 bits) [B * next_n, >= max context], written at j < context_lens.
+    [B * next_n, >= H]; logits: uint16 (bf16 bits) or fp32 [B * next_n, >= max context], written at j <
+    context_lens.
     """
     prepared = prepare_mqa(num_heads, head_dim, q_dtype, kv_dtype, next_n, config)
     d_storage = head_dim if kv_dtype == "fp8" else head_dim // 2
@@ -109,12 +121,11 @@ def launch_paged_mqa_logits(q: np.ndarray, sfq: np.ndarray | None, cache: np.nda
     flat_q, stride_q = gm_view(q, np.uint8)
     flat_bt, stride_bt = gm_view(block_table, np.int32)
     flat_w, stride_w = gm_view(weights, np.float32)
-    flat_out, stride_out = gm_view(logits, np.uint16)
     cache = cache.reshape(-1)
     args = dict(gm_q=flat_q, stride_q=stride_q, gm_cache=cache, gm_cache_f32=cache.view(np.float32),
                 gm_block_table=flat_bt, stride_bt=stride_bt, gm_context_lens=context_lens,
-                gm_meta=schedule_meta.reshape(-1), gm_weights=flat_w, stride_w=stride_w, gm_logits=flat_out,
-                stride_logits=stride_out, batch=batch, next_n=next_n, page_size=page_size,
+                gm_meta=schedule_meta.reshape(-1), gm_weights=flat_w, stride_w=stride_w, **_logits_args(logits),
+                batch=batch, next_n=next_n, page_size=page_size,
                 page_bytes=page_size * token, data_stride=data_stride, sf_offset=sf_offset, sf_stride=sf_stride,
                 fused_copy=int(ascend_kv_layout and kv_dtype == "fp8"), q_mx=int(sfq is not None),
                 kv_mx=int(ascend_kv_layout or kv_dtype == "fp4"),

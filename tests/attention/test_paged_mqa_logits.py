@@ -172,8 +172,9 @@ def test_metadata_cuda_call_form():
         np.testing.assert_array_equal(deep_gemm.get_paged_mqa_logits_metadata(ctx, 64, 4), meta)  # num_sms
         with pytest.raises(ValueError, match="num_sms=32"):
             deep_gemm.get_paged_mqa_logits_metadata(ctx, 64, 32)
-        with pytest.raises(NotImplementedError, match="varlen"):
-            deep_gemm.get_paged_mqa_logits_metadata(ctx, 64, np.arange(2, dtype=np.int32))
+        # DeepGEMM-Ascend's varlen form: one atom per token, the schedule of [T, 1] context lengths
+        np.testing.assert_array_equal(deep_gemm.get_paged_mqa_logits_metadata(ctx, 64, np.arange(2, dtype=np.int32)),
+                                      meta)
         with pytest.raises(ValueError, match="num_heads=66"):
             deep_gemm.get_paged_mqa_logits_metadata(ctx, 66)
 

@@ -26,9 +26,12 @@ def two_threads(monkeypatch):
 def test_every_part_runs_once_and_workers_take_part(two_threads):
     seen = []
     lock = threading.Lock()
+    both = threading.Barrier(2, timeout=60)
 
     def entry(part, parts, out):
-        time.sleep(0.02)  # long enough for the worker to claim the other part
+        # NOTES: each part waits for the other, so the caller (blocked in its part) cannot take both: a worker must
+        # claim one, however loaded the machine (a fixed sleep flaked under load)
+        both.wait()
         with lock:
             seen.append((part, parts, threading.get_ident()))
         out[part] += 1
