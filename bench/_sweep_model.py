@@ -26,7 +26,7 @@ def chip_roofline(arch: str | None, num_ai_cores: int | None, dtype: str) -> dic
     """The modelled chip's name, core count, peak FLOP/s for ``dtype`` on those cores, and HBM bandwidth (B/s).
 
     Defaults: the runtime's arch (DG_NPU_ARCH, 950DT) and all of its AI cores."""
-    from deep_gemm.heuristics.arch import get_arch
+    from deep_gemm.arch import get_arch
     from deep_gemm.runtime import get_npu_arch
 
     spec = get_arch(arch if arch is not None else get_npu_arch())

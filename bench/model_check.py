@@ -145,8 +145,8 @@ PUBLIC_950: tuple[tuple[str, int, int, int, float, str], ...] = (
 def check_public_950() -> list[tuple[str, float, float, float, str]]:
     """(what, measured, modelled on the 28-core 950PR, modelled on a 32-core 950PR box, unit) per public figure.
     Bandwidths are modelled kernel times (launch included); the fraction is the Cube bound over the time."""
+    from deep_gemm.arch import MiB
     from deep_gemm.heuristics import GemmDesc, get_arch
-    from deep_gemm.heuristics.arch import MiB
     from deep_gemm.heuristics.select import get_best_config_and_cost
 
     pr = get_arch("950PR")

@@ -103,7 +103,7 @@ DG_TEST_MAX_WORKERS = _declare(
 )
 
 # Runtime defaults
-# NOTES: the names of heuristics/arch.py's ARCHS, matched as get_arch matches them (importing the heuristics here
+# NOTES: the names of deep_gemm/arch.py's ARCHS, matched as get_arch matches them (importing the heuristics here
 # would cost every process that runs a cached kernel); tests/jit/test_cache_damage.py checks the two agree.
 DG_NPU_ARCH = _declare("DG_NPU_ARCH", str, "950DT", "Default modelled NPU: 950DT, 950PR or 910B2",
                        choices=("950DT", "950PR", "910B2"), ignored_prefix="Ascend")

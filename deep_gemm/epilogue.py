@@ -14,12 +14,18 @@ written); these classes only carry the parameters.
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
-from ._torch import is_torch_tensor
-
 __all__ = ["Epilogue", "Identity", "Alpha", "FP8Quantization"]
+
+
+def _is_torch_tensor(x: object) -> bool:
+    # NOTES: asked of sys.modules, so torch is never imported here (and deep_gemm._torch, the boundary layer above the
+    # API, is not imported by this lower one)
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)
+    return tensor is not None and isinstance(x, tensor)
 
 
 class Epilogue:
@@ -53,7 +59,7 @@ class FP8Quantization(Epilogue):
     the odd ones). D = codes * scale reproduces the fp32 GEMM output to FP8 precision."""
 
     def __init__(self, sfd: np.ndarray):
-        if not isinstance(sfd, np.ndarray) and not is_torch_tensor(sfd):
+        if not isinstance(sfd, np.ndarray) and not _is_torch_tensor(sfd):
             raise TypeError(f"FP8Quantization(sfd): sfd must be a numpy.ndarray or a CPU torch tensor, got "
                             f"{type(sfd).__name__}")
         self.sfd = sfd

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 
 from . import runtime
-from .heuristics.arch import ARCHS, ArchSpec, get_arch
+from .arch import ARCHS, ArchSpec, get_arch
 from .heuristics.config import (
     DTYPE_BITS,
     DTYPE_PAIRS,

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import runtime
+from .arch import ARCHS, ArchSpec, get_arch
 from .estimate import _check_size
-from .heuristics.arch import ARCHS, ArchSpec, get_arch
 from .heuristics.hc_prenorm import (
     HF32_FLOPS_FRACTION,
     MAX_N,

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from . import envs
-from .heuristics.arch import ArchSpec, get_arch
+from .arch import ArchSpec, get_arch
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}

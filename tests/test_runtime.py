@@ -1,11 +1,11 @@
-"""Runtime controls (deep_gemm/runtime.py) and arch specs (heuristics/arch.py), as they are."""
+"""Runtime controls (deep_gemm/runtime.py) and arch specs (deep_gemm/arch.py), as they are."""
 
 from __future__ import annotations
 
 import pytest
 
 from deep_gemm import runtime
-from deep_gemm.heuristics.arch import ARCHS, ASCEND_910B2, ASCEND_950DT, ASCEND_950PR, ArchSpec, get_arch
+from deep_gemm.arch import ARCHS, ASCEND_910B2, ASCEND_950DT, ASCEND_950PR, ArchSpec, get_arch
 
 
 @pytest.fixture(autouse=True)

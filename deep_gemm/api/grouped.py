@@ -939,10 +939,11 @@ def plan_k_grouped(a, b, d, ks_cpu, grouped_layout, c, *, kind, recipe=(1, 1, 32
         psum_equiv = (starts + sizes).astype(np.int64)
         for name, sf, mn, is_sfa in (("sfa", sfa, m, True), ("sfb", sfb, n, False)):
             try:
+                sf, sf_recipe = _expand_compact_k_grouped_sf(sf, mn, k_total, recipe, starts, sizes)
                 if alignment == SF_LAYOUT_ALIGNMENT:
-                    req = transform_k_grouped_sf_into_required_layout(sf, mn, k_total, recipe, is_sfa, psum_equiv)
+                    req = transform_k_grouped_sf_into_required_layout(sf, mn, k_total, sf_recipe, is_sfa, psum_equiv)
                 else:
-                    req = _k_grouped_sf_any_alignment(sf, mn, k_total, recipe, is_sfa, starts, sizes)
+                    req = _k_grouped_sf_any_alignment(sf, mn, k_total, sf_recipe, is_sfa, starts, sizes)
             except (ValueError, TypeError) as e:
                 raise type(e)(f"{name}: {e}") from None
             phys = _k_group_sf_blocks(np.ascontiguousarray(req.T), starts, sizes)
@@ -955,6 +956,47 @@ def plan_k_grouped(a, b, d, ks_cpu, grouped_layout, c, *, kind, recipe=(1, 1, 32
     b_phys = b_arr.view(storage) if majors["b"] == "mn" else b_arr.T.view(storage)
     return KGroupedPlan(kind, a_phys, b_phys, majors["a"], majors["b"], sfa_phys, sfb_phys, d, c, m, n, starts,
                         sizes, dims)
+
+
+def _expand_compact_k_grouped_sf(sf, mn: int, k_total: int, recipe, starts: np.ndarray, sizes: np.ndarray):
+    """(sf, recipe) for the K-grouped scale transform. CUDA DeepGEMM's compact per-group forms become the full form
+    [mn, ceil(K_total / 32)] with recipe gran_k 32 (exact: each 32-block takes its group's scale; blocks of no group
+    1.0); any other ``sf`` is returned as given. The compact forms: fp32 [sum_g ceil(K_g / gran_k), mn] (each group's
+    K-block rows one after another) and int32 [sum_g ceil(ceil(K_g / gran_k) / 4), mn] (those rows packed 4 exponent
+    bytes to an element per group, as get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor writes them).
+
+    NOTES: a shape that is both a compact and the full form (sum of rows == mn == ceil(K_total / gran_k)) is read as
+    the full form."""
+    gran_k = recipe[-1] if isinstance(recipe, (tuple, list)) and recipe else None
+    known_gran = isinstance(gran_k, (int, np.integer)) and not isinstance(gran_k, bool) and gran_k in (32, 128)
+    if not known_gran or not isinstance(sf, np.ndarray) or sf.ndim != 2 or sf.shape[1] != mn \
+            or sf.dtype not in (FP32, np.dtype(np.int32)):
+        return sf, recipe
+    if sf.dtype == FP32 and sf.shape == (mn, ceil_div(k_total, gran_k)):
+        return sf, recipe
+    block_rows = [ceil_div(int(kg), gran_k) for kg in sizes]
+    if sf.dtype == FP32:
+        if sf.shape[0] != sum(block_rows):
+            return sf, recipe  # not a compact form: the transform reports the shape
+        rows = np.ascontiguousarray(sf)
+    else:
+        packed = [ceil_div(r, 4) for r in block_rows]
+        if sf.shape[0] != sum(packed):
+            return sf, recipe
+        codes, p0 = [], 0
+        data = np.ascontiguousarray(sf).view(np.uint8).reshape(sf.shape[0], mn, 4)
+        for r, pg in zip(block_rows, packed, strict=True):
+            codes.append(data[p0:p0 + pg].transpose(0, 2, 1).reshape(pg * 4, mn)[:r])
+            p0 += pg
+        rows = (np.concatenate(codes).astype(np.uint32) << 23).view(np.float32) if codes else np.zeros((0, mn), FP32)
+    full = np.ones((mn, ceil_div(k_total, 32)), FP32)
+    r0 = 0
+    for g, r in enumerate(block_rows):
+        k0, kg = int(starts[g]), int(sizes[g])
+        blocks = np.arange(ceil_div(kg, 32))
+        full[:, k0 // 32 + blocks] = rows[r0 + blocks * 32 // gran_k].T
+        r0 += r
+    return full, (*tuple(recipe)[:-1], 32)
 
 
 def _k_grouped_sf_any_alignment(sf, mn: int, k_total: int, recipe, is_sfa: bool, starts: np.ndarray,

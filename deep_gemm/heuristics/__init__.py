@@ -4,7 +4,7 @@
 ``deep_gemm.estimate_gemm`` reports the same model's prediction for users.
 """
 
-from .arch import ARCHS, ArchSpec, get_arch
+from ..arch import ARCHS, ArchSpec, get_arch
 from .config import (
     GemmConfig,
     GemmDesc,

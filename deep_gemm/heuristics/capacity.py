@@ -6,7 +6,7 @@ checks configs without importing the device package (which re-exports these name
 
 from __future__ import annotations
 
-from .arch import ArchSpec
+from ..arch import ArchSpec
 from .config import GemmConfig, GemmDesc, buffer_bytes, stream_l1_bytes
 from .model import keeps_a_resident as model_keeps_a_resident
 

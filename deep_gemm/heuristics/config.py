@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .arch import ArchSpec
+from ..arch import ArchSpec
 
 # Operand kinds and their storage bits on the chip.
 DTYPE_BITS = {"bf16": 16, "fp8": 8, "fp4": 4}

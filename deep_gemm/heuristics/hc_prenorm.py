@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .arch import ArchSpec
+from ..arch import ArchSpec
 from .model import AIVS_PER_CORE, LAUNCH_S, MEMORY_FIGURES, VECTOR_FP32_PER_CYCLE
 
 # NOTES: fixed tiling of the Cube part. N <= 128 is one N block (DeepGEMM allows n <= 128); MAD 128 x 128 x 64 in

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .arch import ArchSpec
+from ..arch import ArchSpec
 from .config import (
     DTYPE_BITS,
     M_GROUPED_BLOCK_M,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
-from .arch import ArchSpec
+from ..arch import ArchSpec
 from .model import AIVS_PER_CORE, LAUNCH_S, MAD_ISSUE_CYCLES, MEMORY_FIGURES, VECTOR_FP32_PER_CYCLE
 
 MQA_DTYPES = ("fp8", "fp4")
@@ -392,7 +392,7 @@ class MqaEstimate:
 def _estimate_target(num_heads: object, head_dim: object, q_dtype: str, kv_dtype: str, arch: object,
                      num_ai_cores: object) -> tuple[ArchSpec, int]:
     from .. import runtime
-    from .arch import ARCHS, get_arch
+    from ..arch import ARCHS, get_arch
 
     for name, value in (("num_heads", num_heads), ("head_dim", head_dim)):
         if isinstance(value, bool) or not isinstance(value, int):

@@ -10,7 +10,7 @@ import itertools
 import threading
 
 from .. import envs
-from .arch import ArchSpec
+from ..arch import ArchSpec
 from .config import (
     DTYPE_BITS,
     M_GROUPED_BLOCK_M,

@@ -25,7 +25,7 @@ import warnings
 from pathlib import Path
 
 from .. import envs
-from . import files
+from . import events, files
 from .sources import codegen_sources_digest, device_dependencies
 
 META_VERSION = 3  # 2: meta.json carries its own checksum; 3: it records the entry's parameters ("params")
@@ -386,9 +386,7 @@ def report_damaged_file(path: Path, what: str, problem: str, *, root: Path | Non
         action = f"it cannot be moved aside ({type(error).__name__}: {error}); {unrepaired}"
     else:
         action = f"it is moved aside; {repaired}"
-    from .compile import _event
-
-    _event("corrupt", path=str(path), what=f"{what}: {problem}")
+    events.emit("corrupt", path=str(path), what=f"{what}: {problem}")
     warn_once(f"damaged:{path}:{problem}", f"damaged {what} {path}: {problem}; {action}. Fix: remove it "
                                            f"(rm -rf {path}) or run scripts/clear_cache.py")
     return root is not None and error is None

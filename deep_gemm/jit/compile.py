@@ -23,51 +23,32 @@ import sys
 import threading
 import time
 import types
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 from .. import envs
-from . import cache, interrupt, native, numba_cache
+from . import cache, events, interrupt, native, numba_cache
 from .constants import normalize_constants
 from .errors import CompileError, JITError, KernelRunError, RenderError, TranslateError
+from .events import debug as _debug
+from .events import emit as _event
+from .events import stats
 from .numba_setup import KERNEL_MODULE_MARK, apply_numba_settings, codegen_settings
 from .signature import EntrySignature
 
 DEFAULT_DEVICE_MODULE = "deep_gemm.device"
 
 # ---------------------------------------------------------------------------------------------------------------
-# Events
+# Events (jit/events.py; the numba compile listener is installed from here)
 
-_counts: Counter = Counter()
-_listeners: list[Callable[[str, dict], None]] = []
 _lock = threading.RLock()
-
-
-def stats() -> dict[str, int]:
-    """Counts of JIT events in this process: memory_hit, disk_hit, build (rendered + translated + published),
-    build_in_memory (the cache could not be written), publish_lost (another process published the key first),
-    corrupt (an entry or numba cache file that did not verify, rebuilt), cache_write_failed, numba_compile (an
-    entry function compiled by numba), numba_cache_load (loaded from numba's cache), numba_compile_helper."""
-    return dict(_counts)
 
 
 def add_listener(callback: Callable[[str, dict], None]) -> Callable[[], None]:
     """Call ``callback(event, info)`` on every JIT event (see stats()); returns a function that removes it."""
-    _listeners.append(callback)
+    remove = events.listen(callback)
     _install_numba_listener()
-    return lambda: _listeners.remove(callback) if callback in _listeners else None
-
-
-def _event(kind: str, **info) -> None:
-    _counts[kind] += 1
-    for callback in list(_listeners):
-        callback(kind, info)
-
-
-def _debug(level: int, message: str) -> None:
-    if envs.DG_JIT_DEBUG.get() >= level:
-        print(f"[deep_gemm.jit] {message}", file=sys.stderr, flush=True)
+    return remove
 
 
 _numba_listener_installed = False

@@ -21,7 +21,7 @@ import uuid
 import weakref
 from pathlib import Path
 
-from . import cache, files
+from . import cache, events, files
 
 MANIFEST = "numba.json"  # {"files": {file name: sha256}, "sha256": sha256 of the canonical files mapping}
 LOCK = ".lock"
@@ -151,9 +151,7 @@ def directory_problem(directory: Path) -> str | None:
 
 
 def _report_damaged(directory: Path, what: str, discarded: bool = True) -> None:
-    from .compile import _event
-
-    _event("corrupt", path=str(directory), what=f"numba cache: {what}")
+    events.emit("corrupt", path=str(directory), what=f"numba cache: {what}")
     action = ("they are discarded and the functions recompiled" if discarded else
               "they cannot be removed (a read-only directory), so the functions are compiled again in every "
               "process")
@@ -163,9 +161,7 @@ def _report_damaged(directory: Path, what: str, discarded: bool = True) -> None:
 
 def report_unwritable(where: Path | str | None, error: BaseException) -> None:
     """One warning per process: the kernel cache could not be written, so kernels are compiled in memory."""
-    from .compile import _event
-
-    _event("cache_write_failed", path=str(where), error=f"{type(error).__name__}: {error}")
+    events.emit("cache_write_failed", path=str(where), error=f"{type(error).__name__}: {error}")
     cache.warn_once("cache-unwritable", f"the kernel cache could not be written at {where} ({type(error).__name__}: "
                                         f"{error}); kernels are compiled in memory for this process (correct, but "
                                         "compiled again by the next process). Free space or point DG_JIT_CACHE_DIR "
@@ -431,7 +427,7 @@ def cache_for(py_func):
     """The numba cache deep_gemm gives ``py_func``, or None when it is not deep_gemm's (numba decides)."""
     from numba.core.caching import NullCache
 
-    from .numba_setup import KERNEL_MODULE_MARK
+    from .numba_facts import KERNEL_MODULE_MARK
 
     module = getattr(py_func, "__module__", None) or ""
     if module.startswith(KERNEL_MODULE_MARK):
@@ -454,7 +450,7 @@ def install() -> bool:
     alone, when the installed numba is not the release whose internals this was written against."""
     from numba.core import dispatcher
 
-    from .numba_setup import numba_internals_known
+    from .numba_facts import numba_internals_known
 
     cls = dispatcher.Dispatcher
     if getattr(cls, "_dg_verified_cache", False):

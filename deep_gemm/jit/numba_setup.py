@@ -16,6 +16,9 @@ import threading
 
 from .. import envs
 
+# NOTES: re-exported: the rest of the JIT reads them from here or from numba_facts (the leaf)
+from .numba_facts import KERNEL_MODULE_MARK, NUMBA_INTERNALS_VERSION, numba_internals_known  # noqa: F401
+
 _lock = threading.Lock()
 _applied: dict[str, object] | None = None
 
@@ -92,20 +95,6 @@ def codegen_settings() -> dict[str, object]:
         if "+avx512f" in features.split(","):
             out["CPU_FEATURES"] = features + ",-prefer-256-bit"
     return out
-
-
-KERNEL_MODULE_MARK = "_dg_kernel_"  # generated kernel modules are named _dg_kernel_<name>_<digest>
-
-# NOTES: the private numba internals used here and in cache.py (CPUCodeLibrary._optimize_final_module, the layout
-# of numba's .nbi index files) were read from this release; with any other numba they are left alone.
-NUMBA_INTERNALS_VERSION = "0.68."
-
-
-def numba_internals_known() -> bool:
-    """True when the installed numba is the release whose private internals deep_gemm was written against."""
-    import numba
-
-    return numba.__version__.startswith(NUMBA_INTERNALS_VERSION)
 
 
 def _install_cheap_kernel_link() -> bool:

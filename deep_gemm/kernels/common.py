@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import envs, runtime
-from ..heuristics.arch import ArchSpec
+from ..arch import ArchSpec
 from ..heuristics.config import GemmConfig, GemmDesc
 from .family import KernelFamily, PreparedKernel
 

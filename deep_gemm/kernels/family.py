@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from .. import envs, runtime
-from ..heuristics.arch import ArchSpec
+from ..arch import ArchSpec
 
 # Every family defined (name -> KernelFamily); tools and tests enumerate them.
 FAMILIES: dict[str, KernelFamily] = {}

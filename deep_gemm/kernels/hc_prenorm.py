@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import envs
-from ..heuristics.arch import ArchSpec
+from ..arch import ArchSpec
 from ..heuristics.hc_prenorm import HcPrenormConfig, HcPrenormDesc, get_hc_prenorm_config
 from .common import current_target
 from .family import KernelFamily, PreparedKernel

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import envs
-from ..heuristics.arch import ArchSpec
+from ..arch import ArchSpec
 from ..heuristics.mqa import MQA_SCALE_ROWS, MqaConfig, MqaDesc, config_violations, get_best_mqa_config
 from .common import cube_l0_bf16, current_target, gm_view
 from .family import KernelFamily, PreparedKernel

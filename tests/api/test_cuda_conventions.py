@@ -403,3 +403,29 @@ def test_fp8_output_grouped_passes_the_sync_checker(rng, monkeypatch):
     codes, pairs = _fp8_of(d32)
     assert_bitwise_equal(d.view(np.uint8), codes, "codes")
     assert_bitwise_equal(sfd.view(np.uint16), pairs, "scales")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# K-grouped scales in CUDA DeepGEMM's compact per-group forms
+
+
+@pytest.mark.parametrize("alignment", [256, 128], indirect=True)
+def test_k_grouped_compact_scales_give_the_bits_of_the_full_form(rng, alignment):
+    ks = [128, 0, 96, 160] if alignment == 128 else [256, 0, 96]
+    a, b, psum, c, ref, starts = _k_grouped_problem(rng, "fp8", ks, alignment)
+    d_full = _garbage(rng, c.shape, np.float32)
+    deep_gemm.k_grouped_fp8_gemm_tn_contiguous(a, b, d_full, ks, psum, c=c)
+    assert calc_diff(d_full.astype(np.float64), ref) < 1e-3
+
+    def compact(sf):  # fp32 [sum_g ceil(K_g / 32), MN]: each group's own K blocks, one after another
+        return np.ascontiguousarray(np.concatenate(
+            [sf[:, s // 32:s // 32 + -(-kg // 32)].T for s, kg in zip(starts, ks, strict=True) if kg]))
+
+    (a_t, sfa), (b_t, sfb) = a, b
+    forms = {"fp32 compact": (compact(sfa), compact(sfb))}
+    forms["int32 packed"] = tuple(deep_gemm.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
+        compact(sf), psum, ks, 32) for sf in (sfa, sfb))
+    for name, (ca, cb) in forms.items():
+        d = _garbage(rng, c.shape, np.float32)
+        deep_gemm.k_grouped_fp8_gemm_tn_contiguous((a_t, ca), (b_t, cb), d, ks, psum, c=c)
+        assert_bitwise_equal(d, d_full, name)

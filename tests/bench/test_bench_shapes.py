@@ -49,7 +49,7 @@ def test_quick_subset_covers_every_regime_within_budget():
     assert any(s in deepseek for s in quick) and any(s not in deepseek for s in quick)
     assert any(s[0] == 128 and s in deepseek for s in quick)
     # 950DT ridges (Cube peak / HBM, the arch spec's figures): BF16 ~124 and FP8 ~247 FLOP/B.
-    from deep_gemm.heuristics.arch import get_arch
+    from deep_gemm.arch import get_arch
 
     arch = get_arch("950DT")
     for dtype in ("bf16", "fp8"):

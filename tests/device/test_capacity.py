@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from deep_gemm.arch import get_arch
 from deep_gemm.device.capacity import BufferCapacityError, check_buffer_capacity, keeps_a_resident
-from deep_gemm.heuristics.arch import get_arch
 from deep_gemm.heuristics.config import GemmConfig, GemmDesc
 
 ARCH = get_arch("950DT")

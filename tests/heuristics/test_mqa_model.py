@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import deep_gemm
-from deep_gemm.heuristics.arch import get_arch
+from deep_gemm.arch import get_arch
 from deep_gemm.heuristics.mqa import (
     MAX_MAD_ROWS,
     MqaDesc,

@@ -450,7 +450,7 @@ def test_every_dg_variable_with_a_bad_value_fails_naming_it(monkeypatch, name):
 
 
 def test_dg_variables_accept_their_documented_spellings(monkeypatch):
-    from deep_gemm.heuristics.arch import ARCHS, get_arch
+    from deep_gemm.arch import ARCHS, get_arch
 
     for text, value in (("1", True), ("yes", True), ("On", True), ("0", False), ("FALSE", False), (" off ", False)):
         monkeypatch.setenv("DG_JIT_NATIVE", text)
@@ -459,7 +459,7 @@ def test_dg_variables_accept_their_documented_spellings(monkeypatch):
     assert envs.DG_JIT_DEBUG.get() == 3
     monkeypatch.setenv("DG_JIT_LAUNCHER", "PRANGE")
     assert envs.DG_JIT_LAUNCHER.get() == "prange"
-    # the arch names are those of heuristics/arch.py, matched the way get_arch matches them
+    # the arch names are those of deep_gemm/arch.py, matched the way get_arch matches them
     assert set(envs.DG_NPU_ARCH.choices) == set(ARCHS)
     for text in ("950pr", "Ascend950PR", "ascend_950pr", "Ascend-910B2"):
         monkeypatch.setenv("DG_NPU_ARCH", text)

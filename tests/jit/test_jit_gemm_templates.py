@@ -26,8 +26,8 @@ PROBLEMS = [  # (template, desc overrides, compiled_dims)
 def test_gemm_template_translates(template, overrides, compiled_dims):
     if not (default_template_dir() / f"{template}.asc.j2").is_file():
         pytest.skip(f"{template}.asc.j2 not written yet")
+    from deep_gemm.arch import get_arch
     from deep_gemm.device.capacity import keeps_a_resident
-    from deep_gemm.heuristics.arch import get_arch
     from deep_gemm.heuristics.config import GemmDesc
 
     arch = get_arch("950DT")

@@ -16,8 +16,8 @@ from __future__ import annotations
 from .ctype import SCALAR_TYPES, SIZEOF_ONLY, TENSOR_TYPES, CType, Expr, parse_number
 from .diagnostics import caret_excerpt
 from .emitter import Translation, strip_parens
-from .entry import EntryParam, FuncSig, entry_params
-from .translator import RESERVED, Translator, device_exports, translate
+from .symbols import EntryParam, FuncSig
+from .translator import RESERVED, Translator, device_exports, entry_params, translate
 from .tree import find_error_node, parse
 
 SUBSET = """

@@ -4,53 +4,11 @@ two launch loops `<entry>(_first_core, _core_step, ...)` and `<entry>_prange(...
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tree_sitter import Node
 
 from .ctype import CType
 from .emitter import CANCEL
-from .statements import FuncCtx, Sym
-
-
-@dataclass(frozen=True)
-class EntryParam:
-    """One parameter of the kernel entry, as a launcher binds it: ``name``; ``c_type``, the C spelling without the
-    name (macros such as __gm__ blanked, e.g. "GM_ADDR", "uint32_t", "const GlobalTensor<float>&"); ``kind``:
-    "pointer" (GM_ADDR, T*, GlobalTensor/LocalTensor, passed as a numpy array) or "scalar" (passed as a Python/numpy
-    number); ``dtype``: the numpy name of the scalar or of the element type ("uint8" for GM_ADDR), None if unknown;
-    ``ndim``: the array rank a pointer takes (1 for T* and GM_ADDR; 0 = any rank for tensors and scalars)."""
-
-    name: str
-    c_type: str
-    kind: str
-    dtype: str | None
-    ndim: int = 0
-
-
-@dataclass
-class FuncSig:
-    name: str
-    params: list[tuple[str, CType]]
-    ret: CType
-    is_entry: bool
-    node: Node
-    abi: tuple[EntryParam, ...] = ()  # the parameters as EntryParam, in order
-
-
-def entry_params(source: str, *, template: str = "<source>", line_map=None) -> list[EntryParam]:
-    """The kernel entry's parameters (name, C type, pointer/scalar, dtype) of a rendered source, in order, without
-    translating the bodies. Raises TranslateError (with a caret; with the template line given render_lines()'
-    ``line_map``) on a parse error or a bad signature."""
-    from .translator import Translator
-
-    translator = Translator(source, template, {}, set(), "<no device module>", line_map)
-    translator.check_syntax()
-    translator.collect_functions(translator.root)
-    if translator.entry is None:
-        translator.no_entry()
-    return list(translator.entry.abi)
-
+from .symbols import EntryParam, FuncCtx, FuncSig, Sym
 
 
 class EntryABI:

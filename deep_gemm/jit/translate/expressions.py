@@ -29,8 +29,7 @@ from .ctype import (
     scalar_ctype,
 )
 from .emitter import strip_parens
-from .entry import FuncSig
-from .statements import Sym
+from .symbols import FuncSig, Sym
 
 
 class Expressions:

@@ -3,34 +3,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
 import numpy as np
 from tree_sitter import Node
 
 from ..errors import TranslateError
 from .ctype import INT_TYPES, CType, Expr, common_int, int_bounds, int_value
 from .emitter import CANCEL, strip_parens
-
-if TYPE_CHECKING:
-    from .entry import FuncSig
-
-
-@dataclass
-class Sym:
-    ctype: CType
-    const: bool = False
-    line: int = 0
-
-
-@dataclass
-class FuncCtx:
-    sig: FuncSig
-    scopes: list[dict[str, Sym]] = field(default_factory=list)
-    loops: list[list[str] | None] = field(default_factory=list)  # per loop: update lines to run before continue
-    const_values: dict[str, object] = field(default_factory=dict)
-    cancel: bool = False  # the cancel flag (CANCEL) is in scope: persistent tile loops check it
+from .symbols import Sym
 
 
 class Statements:

@@ -16,10 +16,11 @@ from ..render import LineMap
 from .ctype import Conversions, int_value, scalar_ctype
 from .diagnostics import Diagnostics
 from .emitter import Emitter, Translation
-from .entry import EntryABI, FuncSig
+from .entry import EntryABI
 from .expressions import Expressions
 from .mixed import MixedKernels
-from .statements import FuncCtx, Statements, Sym
+from .statements import Statements
+from .symbols import EntryParam, FuncCtx, FuncSig, Sym
 from .tree import TreeQueries, find_error_node, parse
 
 # Names the generated Python itself uses: a template identifier may not take them.
@@ -212,3 +213,15 @@ def translate(source: str, *, template: str = "<source>", constants: dict | None
         exports = device_exports(device_module)
     return Translator(source, template, dict(constants or {}), set(exports), device_module, line_map,
                       sync_check).run()
+
+
+def entry_params(source: str, *, template: str = "<source>", line_map=None) -> list[EntryParam]:
+    """The kernel entry's parameters (name, C type, pointer/scalar, dtype) of a rendered source, in order, without
+    translating the bodies. Raises TranslateError (with a caret; with the template line given render_lines()'
+    ``line_map``) on a parse error or a bad signature."""
+    translator = Translator(source, template, {}, set(), "<no device module>", line_map)
+    translator.check_syntax()
+    translator.collect_functions(translator.root)
+    if translator.entry is None:
+        translator.no_entry()
+    return list(translator.entry.abi)
