@@ -3,7 +3,7 @@ as they were, and a long launch stops between tiles. Knows nothing of GEMM: a ca
 
 A ``CallScope`` spans one user call (deep_gemm.api.guard opens it around every public function). The call names its
 outputs with ``protect(*arrays, work=flops)`` right before it first writes them. Then, on the main thread, SIGINT is
-answered in one of two ways:
+answered in one of three ways:
 
 - a *cancellable* call (``work`` at least CANCEL_WORK, the default SIGINT handler in place): its outputs are copied
   aside by ``protect``; a SIGINT outside a launch raises KeyboardInterrupt at once, one during a launch sets the
@@ -28,7 +28,7 @@ import threading
 import numpy as np
 
 # NOTES: a call of at least this many FLOP (about 5-20 ms on one CPU core) pays for a copy of its outputs, so that it
-# can stop mid-launch; below it the whole call runs uninterrupted (well within the 0.5 s a user waits for Ctrl-C).
+# can stop mid-launch; below it a launch runs to its end (well within the 0.5 s a user waits for Ctrl-C).
 CANCEL_WORK = 2 ** 31
 # A short call whose outputs total at most this many bytes keeps a copy of them, so that it can stop between launches.
 RESTORE_BYTES = 8 << 20
