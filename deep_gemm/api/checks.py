@@ -166,6 +166,18 @@ def check_no_self_overlap(x: np.ndarray, name: str) -> None:
         span += stride * (extent - 1)
 
 
+def check_accumulator(c: object, d: np.ndarray) -> tuple[np.ndarray, bool]:
+    """(C as an array, whether it is D's own view) for the calls that accumulate into D: C must have D's dtype and
+    shape, and may share D's memory only as the very same view (c=d)."""
+    c = require_array(c, "c")
+    if c.dtype != d.dtype or c.shape != d.shape:
+        raise ValueError(f"c must match d: {c.dtype=} {c.shape=} vs {d.dtype=} {d.shape=}")
+    same = c.strides == d.strides and c.ctypes.data == d.ctypes.data
+    if np.shares_memory(c, d) and not same:
+        raise ValueError(f"c overlaps d without being the same view ({c.strides=} {d.strides=}); pass c=d")
+    return c, same
+
+
 def same_view(x: np.ndarray, y: np.ndarray) -> bool:
     return (
         x.shape == y.shape

@@ -16,7 +16,7 @@ import numpy as np
 from .. import runtime
 from ..epilogue import FP8Quantization, is_fp8_output
 from ..utils.formats import bf16_bits_to_fp32, fp32_to_bf16_bits
-from .checks import check_compiled_dims, check_dims, check_no_alias, require_array, resolve_recipes
+from .checks import check_accumulator, check_compiled_dims, check_dims, check_no_alias, require_array, resolve_recipes
 from .grouped import (
     GroupOperand,
     MGroupedPlan,
@@ -72,12 +72,7 @@ def _plan_bmm(a_arr, sfa, b_arr, sfb, d, c, kinds, recipe, compiled_dims, d_perm
     dd = np.transpose(d, d_perm)
     c_rows = None
     if c is not None:
-        c = require_array(c, "c")
-        if c.dtype != d.dtype or c.shape != d.shape:
-            raise ValueError(f"c must match d: {c.dtype=} {c.shape=} vs {d.dtype=} {d.shape=}")
-        same = c.strides == d.strides and c.ctypes.data == d.ctypes.data
-        if np.shares_memory(c, d) and not same:
-            raise ValueError(f"c overlaps d without being the same view ({c.strides=} {d.strides=}); pass c=d")
+        c, same = check_accumulator(c, d)
     dims = check_compiled_dims(compiled_dims)
 
     sfa_phys = sfb_phys = None
@@ -217,12 +212,7 @@ def _plan_batch_reduce(a, b, d, c) -> BatchReducePlan:
     d, out_kind = _check_out(d, (m, n))
     check_no_alias(d, a=a_arr, b=b_arr)
     if c is not None:
-        c = require_array(c, "c")
-        if c.dtype != d.dtype or c.shape != d.shape:
-            raise ValueError(f"c must match d: {c.dtype=} {c.shape=} vs {d.dtype=} {d.shape=}")
-        same = c.strides == d.strides and c.ctypes.data == d.ctypes.data
-        if np.shares_memory(c, d) and not same:
-            raise ValueError(f"c overlaps d without being the same view ({c.strides=} {d.strides=}); pass c=d")
+        c, same = check_accumulator(c, d)
         if same:
             c = d
     return BatchReducePlan(op_a, op_b, d, out_kind, c)

@@ -30,6 +30,7 @@ from .checks import (
     MAX_DIM,
     OPERAND_KINDS,
     OUT_KINDS,
+    check_accumulator,
     check_arch_supports,
     check_compiled_dims,
     check_dims,
@@ -897,11 +898,7 @@ def plan_k_grouped(a, b, d, ks_cpu, grouped_layout, c, *, kind, recipe=(1, 1, 32
         raise ValueError("K-grouped FP8 GEMM requires accumulation into C (as upstream): pass c (fp32 [G, M, N], "
                          "or c=d)")
     if c is not None:
-        c = require_array(c, "c")
-        if c.dtype != d.dtype or c.shape != d.shape:
-            raise ValueError(f"c must match d: {c.dtype=} {c.shape=} vs {d.dtype=} {d.shape=}")
-        if np.shares_memory(c, d) and not (c.strides == d.strides and c.ctypes.data == d.ctypes.data):
-            raise ValueError(f"c overlaps d without being the same view ({c.strides=} {d.strides=}); pass c=d")
+        c, _ = check_accumulator(c, d)
     check_no_alias(d, a=a_arr, b=b_arr, sfa=sfa, sfb=sfb, grouped_layout=grouped_layout)
     dims = check_compiled_dims(compiled_dims)
     if not isinstance(use_psum_layout, (bool, np.bool_)):
