@@ -97,13 +97,17 @@ _export(
 _export(".api.hc_prenorm", "tf32_hc_prenorm_gemm")
 
 # Chip model
-_export(".estimate", "estimate_gemm", "GemmEstimate")
-_export(".heuristics.mqa", "estimate_mqa_logits", "estimate_paged_mqa_logits", "MqaEstimate")
-_export(".estimate_hc", "estimate_hc_prenorm_gemm", "HcPrenormEstimate")
+_export(
+    ".estimate",
+    "estimate_gemm", "GemmEstimate", "estimate_mqa_logits", "estimate_paged_mqa_logits", "MqaEstimate",
+    "estimate_hc_prenorm_gemm", "HcPrenormEstimate",
+)
 
 # Submodules
 # NOTES: deep_gemm.epilogue holds DeepGEMM-Ascend's epilogue classes (Epilogue, Identity, Alpha, FP8Quantization).
-_SUBMODULES = ("utils", "testing", "heuristics", "jit", "device", "kernels", "api", "envs", "runtime", "epilogue")
+_SUBMODULES = (
+    "utils", "testing", "heuristics", "jit", "device", "kernels", "api", "envs", "runtime", "epilogue", "estimate",
+)
 
 
 # NOTES: every exported function but the runtime controls (they take no arrays) takes CPU torch tensors wherever it

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import runtime
-from .arch import ARCHS, ArchSpec, get_arch
-from .estimate import _check_size
-from .heuristics.hc_prenorm import (
+from .. import runtime
+from ..arch import ArchSpec
+from ..heuristics.hc_prenorm import (
     HF32_FLOPS_FRACTION,
     MAX_N,
     HcPrenormConfig,
@@ -17,6 +16,7 @@ from .heuristics.hc_prenorm import (
     get_hc_prenorm_config,
     model_hc_prenorm,
 )
+from ._target import check_size, resolve_target
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def estimate_hc_prenorm_gemm(m: int, n: int, k: int, num_splits: int | None = No
     ``get_deterministic_algorithms()``; ``arch`` and ``num_ai_cores`` to the runtime's (env DG_NPU_ARCH,
     DG_NUM_AI_CORES), as ``estimate_gemm``."""
     # Argument checks
-    m, n, k = _check_size("m", m), _check_size("n", n), _check_size("k", k)
+    m, n, k = check_size("m", m), check_size("n", n), check_size("k", k)
     if m == 0:
         raise ValueError("m=0: an empty call launches no kernel; nothing to model")
     if k == 0 or k % 64:
@@ -83,27 +83,14 @@ def estimate_hc_prenorm_gemm(m: int, n: int, k: int, num_splits: int | None = No
     if n == 0 or n % 8 or n > MAX_N:
         raise ValueError(f"n={n} must be a multiple of 8 in [8, {MAX_N}]")
     if num_splits is not None:
-        num_splits = _check_size("num_splits", num_splits)
+        num_splits = check_size("num_splits", num_splits)
         if not 1 <= num_splits <= k // 64:
             raise ValueError(f"num_splits={num_splits} must be in [1, k / 64 = {k // 64}] (k={k})")
     if deterministic is None:
         deterministic = runtime.get_deterministic_algorithms()
     elif not isinstance(deterministic, bool):
         raise TypeError(f"deterministic must be a bool or None, got {deterministic!r}")
-    if arch is None:
-        spec = runtime.get_arch_spec()
-    else:
-        try:
-            spec = get_arch(arch)
-        except ValueError:
-            raise ValueError(f"arch={arch!r}; allowed: {tuple(ARCHS)}") from None
-    if num_ai_cores is None:
-        same_arch = arch is None or spec.name == runtime.get_npu_arch()
-        cores = min(runtime.get_num_ai_cores(), spec.num_ai_cores) if same_arch else spec.num_ai_cores
-    else:
-        cores = _check_size("num_ai_cores", num_ai_cores)
-        if not 1 <= cores <= spec.num_ai_cores:
-            raise ValueError(f"num_ai_cores={cores} must be in [1, {spec.num_ai_cores}] for arch {spec.name}")
+    spec, cores = resolve_target(arch, num_ai_cores)
 
     # Model
     desc = HcPrenormDesc(m, n, k, num_splits or 0, cores, deterministic)

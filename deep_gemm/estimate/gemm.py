@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import argparse
 import numbers
-import sys
 from dataclasses import dataclass
 
-from . import runtime
-from .arch import ARCHS, ArchSpec, get_arch
-from .heuristics.config import (
+from ..arch import ARCHS, ArchSpec
+from ..heuristics.config import (
     DTYPE_BITS,
     DTYPE_PAIRS,
     GEMM_TYPES,
@@ -23,7 +21,8 @@ from .heuristics.config import (
     cube_dtype,
     layout_problem,
 )
-from .heuristics.select import get_best_config_and_cost
+from ..heuristics.select import get_best_config_and_cost
+from ._target import MAX_SIZE, check_size, resolve_target, short
 
 DTYPES = tuple(DTYPE_BITS)
 
@@ -87,27 +86,6 @@ class GemmEstimate:
 
 # NOTES: the kernels index every dim as a uint32 (templates/*.asc.j2), so larger sizes are not GEMMs this library
 # (or DeepGEMM-Ascend) can run; modelling them would only mislead.
-MAX_SIZE = 2**32 - 1
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
-
-
-def _check_size(name: str, value: object) -> int:
-    """A positive int (Python or numpy integer) no larger than MAX_SIZE: TypeError naming ``name`` for anything but
-    an integer (a str, a float, a bool), ValueError for one out of range."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive integer, got {type(value).__name__}: {name}={_short(value)}")
-    value = int(value)
-    if value < 1:
-        raise ValueError(f"{name}={value} must be >= 1")
-    if value > MAX_SIZE:
-        raise ValueError(f"{name}={_short(value)} exceeds {MAX_SIZE} (2^32 - 1): the kernels index it as a uint32")
-    return value
-
-
 # NOTES: GM addresses are 64-bit (int64 strides and offsets): no operand can be larger than this many bytes.
 MAX_TENSOR_BYTES = 2**63 - 1
 
@@ -162,8 +140,8 @@ def estimate_gemm(
     modelled at their mean size (``heuristics.config.layout_problem``), as the grouped kernels plan their config.
     """
     # Argument checks
-    m, n, k = _check_size("m", m), _check_size("n", n), _check_size("k", k)
-    num_groups = _check_size("num_groups", num_groups)
+    m, n, k = check_size("m", m), check_size("n", n), check_size("k", k)
+    num_groups = check_size("num_groups", num_groups)
     for name, value in (("a_dtype", a_dtype), ("b_dtype", b_dtype)):
         if value not in DTYPES:
             raise ValueError(f"{name}={value!r}; allowed: {DTYPES}")
@@ -199,24 +177,10 @@ def estimate_gemm(
 
     _check_addressable(m, n, k, a_dtype, b_dtype, out_dtype, gemm_type, num_groups)
 
-    if arch is None:
-        spec = runtime.get_arch_spec()
-    else:
-        try:
-            spec = get_arch(arch)
-        except ValueError:
-            raise ValueError(f"arch={arch!r}; allowed: {tuple(ARCHS)}") from None
+    spec, cores = resolve_target(arch, num_ai_cores)
     for name, value in (("a_dtype", a_dtype), ("b_dtype", b_dtype)):
         if value != "bf16" and not spec.has_fp8:
             raise ValueError(f"{name}={value!r} is not supported on arch {spec.name} (bf16 only); allowed: ('bf16',)")
-    if num_ai_cores is None:
-        # NOTES: the runtime's core count belongs to the runtime's arch; another arch defaults to all its cores.
-        same_arch = arch is None or spec.name == runtime.get_npu_arch()
-        cores = min(runtime.get_num_ai_cores(), spec.num_ai_cores) if same_arch else spec.num_ai_cores
-    else:
-        cores = _check_size("num_ai_cores", num_ai_cores)
-        if cores > spec.num_ai_cores:
-            raise ValueError(f"num_ai_cores={cores} must be in [1, {spec.num_ai_cores}] for arch {spec.name}")
 
     # Model
     desc = GemmDesc(model_m, n, model_k, a_dtype, b_dtype, out_dtype, gemm_type, model_groups, num_ai_cores=cores)
@@ -289,15 +253,12 @@ def _cli_int(name: str):
     def parse(text: str) -> int:
         digits = text.strip()
         if digits.lstrip("+-").isdigit() and len(digits) > 40:
-            raise argparse.ArgumentTypeError(f"{name}={_short(text)} exceeds {MAX_SIZE} (2^32 - 1)")
+            raise argparse.ArgumentTypeError(f"{name}={short(text)} exceeds {MAX_SIZE} (2^32 - 1)")
         try:
             return int(digits, 10)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a decimal integer, got {_short(text)}") from None
+            raise argparse.ArgumentTypeError(f"{name} must be a decimal integer, got {short(text)}") from None
 
     parse.__name__ = name
     return parse
 
-
-if __name__ == "__main__":
-    sys.exit(main())

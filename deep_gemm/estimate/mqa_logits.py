@@ -1,0 +1,192 @@
+"""What the chip would do: ``estimate_mqa_logits`` / ``estimate_paged_mqa_logits``, the modelled Ascend time of the
+MQA-logits calls with the config the kernel would use. The model is heuristics/mqa.py's."""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+from ..arch import ArchSpec
+from ..heuristics.mqa import (
+    MQA_DTYPES,
+    MQA_FP4_HEAD_DIMS,
+    MQA_HEAD_DIMS,
+    MQA_MAX_HEADS,
+    MQA_MIN_HEADS,
+    PAGE_SIZES,
+    MqaConfig,
+    MqaCost,
+    MqaDesc,
+    get_best_mqa_config,
+    model_mqa,
+    model_paged_mqa,
+)
+from ._target import resolve_target
+
+
+@dataclass(frozen=True)
+class MqaEstimate:
+    """Modelled (not measured) chip time of one MQA-logits call and what binds it. The ``*_us`` fields are each
+    resource's busy time on the critical path (per-pipe: the busiest core's)."""
+
+    kind: str  # "ragged" or "paged"
+    num_heads: int
+    head_dim: int
+    q_dtype: str
+    kv_dtype: str
+    arch: str
+    num_ai_cores: int
+    config: MqaConfig
+    time_us: float
+    bound: str
+    cube_us: float
+    fixpipe_us: float
+    vector_us: float
+    mte2_us: float
+    l2_us: float
+    hbm_us: float
+    launch_us: float
+    num_tiles: int
+    busiest_tiles: int
+    transfers_per_page: int
+    hbm_bytes: int
+    l2_bytes: int
+    tflops: float
+    problem: str
+
+    def __str__(self) -> str:
+        c = self.config
+        gather = f", {self.transfers_per_page} GM -> L1 transfer(s) per page" if self.kind == "paged" else ""
+        return "\n".join([
+            f"modelled Ascend {self.arch} ({self.num_ai_cores} AI cores), {self.kind} MQA logits: {self.problem}, "
+            f"H={self.num_heads} D={self.head_dim} {self.q_dtype}x{self.kv_dtype}",
+            f"  time {self.time_us:.2f} us (modelled), {self.tflops:.1f} TFLOPS useful; bound: {self.bound}",
+            f"  config: block_q {c.block_q}, block_kv {c.block_kv}, L1 stages {c.num_l1_stages}; "
+            f"{self.num_tiles} tiles, {self.busiest_tiles} on the busiest core{gather}",
+            f"  per resource (us): cube {self.cube_us:.2f}, fixpipe {self.fixpipe_us:.2f}, vector {self.vector_us:.2f},"
+            f" mte2 {self.mte2_us:.2f}, l2 {self.l2_us:.2f}, hbm {self.hbm_us:.2f}, launch {self.launch_us:.2f}",
+            f"  traffic: L2 -> L1 {self.l2_bytes / 1e6:.1f} MB, HBM {self.hbm_bytes / 1e6:.1f} MB",
+        ])
+
+
+def _estimate_target(num_heads: object, head_dim: object, q_dtype: str, kv_dtype: str, arch: object,
+                     num_ai_cores: object) -> tuple[ArchSpec, int]:
+    for name, value in (("num_heads", num_heads), ("head_dim", head_dim)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+    if not (MQA_MIN_HEADS <= num_heads <= MQA_MAX_HEADS and num_heads % 4 == 0):
+        raise ValueError(f"num_heads={num_heads} must be a multiple of 4 in [{MQA_MIN_HEADS}, {MQA_MAX_HEADS}]")
+    if head_dim not in MQA_HEAD_DIMS:
+        raise ValueError(f"head_dim={head_dim} must be one of {MQA_HEAD_DIMS}")
+    for name, value in (("q_dtype", q_dtype), ("kv_dtype", kv_dtype)):
+        if value not in MQA_DTYPES:
+            raise ValueError(f"{name}={value!r}; allowed: {MQA_DTYPES}")
+    if "fp4" in (q_dtype, kv_dtype) and head_dim not in MQA_FP4_HEAD_DIMS:
+        raise ValueError(f"head_dim={head_dim} with FP4 must be one of {MQA_FP4_HEAD_DIMS} (as CUDA DeepGEMM's FP4 "
+                         f"path)")
+    spec, cores = resolve_target(arch, num_ai_cores)
+    if not spec.has_fp8:
+        raise ValueError(f"arch {spec.name} has no FP8/FP4 Cube path; the MQA logits need one")
+    return spec, cores
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _int_arg(value: object, name: str) -> int:
+    """An int (Python or numpy integer); TypeError naming ``name`` for a str, a float, a bool or anything else."""
+    if not _is_int(value):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
+    return int(value)
+
+
+def _bool_arg(value: object, name: str) -> bool:
+    # NOTES: bool("False") is True: a str (or an int) would silently pick the other branch
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}: {value!r}")
+    return bool(value)
+
+
+def _as_ints(values: object, name: str, length: int | None = None) -> list[int]:
+    """A sequence of ints (a list, a tuple, a 1-D integer array) as a list; TypeError naming ``name`` for a str, a
+    scalar or any non-integer entry (int("4") and int(4.7) would otherwise pass a wrong size on silently)."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__}: {values!r}")
+    out = list(values)
+    for i, v in enumerate(out):
+        if not _is_int(v):
+            raise TypeError(f"{name}[{i}] must be an int, got {type(v).__name__}: {v!r}")
+    out = [int(v) for v in out]
+    if length is not None and len(out) != length:
+        raise ValueError(f"len({name})={len(out)} must be {length}")
+    return out
+
+
+def _estimate(kind: str, desc: MqaDesc, config: MqaConfig, spec: ArchSpec, cost: MqaCost, problem: str):
+    return MqaEstimate(
+        kind=kind, num_heads=desc.num_heads, head_dim=desc.head_dim, q_dtype=desc.q_dtype, kv_dtype=desc.kv_dtype,
+        arch=spec.name, num_ai_cores=desc.num_ai_cores, config=config, time_us=cost.time_s * 1e6, bound=cost.bound,
+        cube_us=cost.cube_s * 1e6, fixpipe_us=cost.fixpipe_s * 1e6, vector_us=cost.vector_s * 1e6,
+        mte2_us=cost.mte2_s * 1e6, l2_us=cost.l2_s * 1e6, hbm_us=cost.hbm_s * 1e6, launch_us=cost.launch_s * 1e6,
+        num_tiles=cost.num_tiles, busiest_tiles=cost.busiest_tiles, transfers_per_page=cost.transfers_per_page,
+        hbm_bytes=cost.hbm_bytes, l2_bytes=cost.l2_bytes, tflops=cost.flops / cost.time_s / 1e12, problem=problem)
+
+
+def estimate_mqa_logits(seq_len: int, seq_len_kv: int, num_heads: int = 64, head_dim: int = 128,
+                        q_dtype: str = "fp8", kv_dtype: str = "fp8", *, cu_seq_len_k_start=None,
+                        cu_seq_len_k_end=None, kv_scale_per_key: bool = True, arch=None,
+                        num_ai_cores: int | None = None) -> MqaEstimate:
+    """Modelled chip time of fp8_fp4_mqa_logits with the config the kernel would use: ``seq_len`` query rows,
+    ``seq_len_kv`` keys, row i over [ks[i], ke[i]) (``cu_seq_len_k_start`` / ``_end``; default: every key).
+    kv_scale_per_key: CUDA DeepGEMM's fp32 scale per key (an extra Vector pass) rather than MX scales. ``arch`` /
+    ``num_ai_cores`` default to deep_gemm.runtime (env DG_NPU_ARCH, DG_NUM_AI_CORES). Nothing is run."""
+    spec, cores = _estimate_target(num_heads, head_dim, q_dtype, kv_dtype, arch, num_ai_cores)
+    for name, value in (("seq_len", seq_len), ("seq_len_kv", seq_len_kv)):
+        if not 0 <= _int_arg(value, name) < 2**31:
+            raise ValueError(f"{name}={value!r} must be an int in [0, 2^31)")
+    seq_len, seq_len_kv = int(seq_len), int(seq_len_kv)
+    token_scale = _bool_arg(kv_scale_per_key, "kv_scale_per_key")
+    ks = ke = None
+    if (cu_seq_len_k_start is None) != (cu_seq_len_k_end is None):
+        raise ValueError("pass both cu_seq_len_k_start and cu_seq_len_k_end, or neither")
+    if cu_seq_len_k_start is not None:
+        ks = _as_ints(cu_seq_len_k_start, "cu_seq_len_k_start", seq_len)
+        ke = _as_ints(cu_seq_len_k_end, "cu_seq_len_k_end", seq_len)
+        for i, (s, e) in enumerate(zip(ks, ke, strict=True)):
+            if not 0 <= s <= e <= seq_len_kv:
+                raise ValueError(f"row {i}: [{s}, {e}) must satisfy 0 <= ks <= ke <= seq_len_kv={seq_len_kv}")
+    desc = MqaDesc(num_heads, head_dim, q_dtype, kv_dtype, cores)
+    config = get_best_mqa_config(desc, spec)
+    cost = model_mqa(desc, config, spec, seq_len=seq_len, seq_len_kv=seq_len_kv, ks=ks, ke=ke,
+                     token_scale=token_scale)
+    return _estimate("ragged", desc, config, spec, cost, f"{seq_len} queries x {seq_len_kv} keys")
+
+
+def estimate_paged_mqa_logits(context_lens, num_heads: int = 64, head_dim: int = 128, q_dtype: str = "fp8",
+                              kv_dtype: str = "fp8", *, page_size: int = 64, use_ascend_kv_layout: bool = False,
+                              arch=None, num_ai_cores: int | None = None) -> MqaEstimate:
+    """Modelled chip time of fp8_fp4_paged_mqa_logits for ``context_lens`` ([B] or [B][next_n] ints), pages of
+    ``page_size`` keys in either cache layout (the Ascend one gathers a page of FP8 in one transfer, CUDA
+    DeepGEMM's in two). Nothing is run."""
+    spec, cores = _estimate_target(num_heads, head_dim, q_dtype, kv_dtype, arch, num_ai_cores)
+    if _int_arg(page_size, "page_size") not in PAGE_SIZES:
+        raise ValueError(f"page_size={page_size!r} must be one of {PAGE_SIZES}")
+    ascend = _bool_arg(use_ascend_kv_layout, "use_ascend_kv_layout")
+    if isinstance(context_lens, (str, bytes)) or not hasattr(context_lens, "__iter__"):
+        raise TypeError(f"context_lens must be a sequence ([B] or [B][next_n]) of ints, got "
+                        f"{type(context_lens).__name__}: {context_lens!r}")
+    rows = [r if hasattr(r, "__iter__") else [r] for r in context_lens]  # a str row is refused by _as_ints
+    ctx = [_as_ints(r, f"context_lens[{b}]") for b, r in enumerate(rows)]
+    next_n = len(ctx[0]) if ctx else 1
+    if any(len(r) != next_n for r in ctx) or next_n == 0:
+        raise ValueError("context_lens rows must all have next_n >= 1 entries")
+    if any(v < 0 for r in ctx for v in r):
+        raise ValueError("context_lens must be >= 0")
+    desc = MqaDesc(num_heads, head_dim, q_dtype, kv_dtype, cores, next_n=next_n,
+                   ascend_kv_layout=ascend)
+    config = get_best_mqa_config(desc, spec)
+    cost = model_paged_mqa(desc, config, spec, context_lens=ctx, page_size=page_size)
+    layout = "Ascend" if ascend else "CUDA DeepGEMM"
+    return _estimate("paged", desc, config, spec, cost,
+                     f"batch {len(ctx)} x next_n {next_n}, {layout} cache layout, pages of {page_size}")
