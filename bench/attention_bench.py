@@ -1,14 +1,18 @@
 """CPU benchmark of the indexer kernels (DeepSeek-V3.2's sparse-attention scorer) and the HC pre-norm GEMM beside the
 code a user would otherwise write, in one run: vectorised numpy (FP8 decoded through a 256-entry table, the per-key
-scale applied once per score column, chunked so the scores stay in memory) and, where installed, JAX (one
-jax.jit-compiled function). Every library is timed in its own steady state (deep_gemm.testing.bench_steady: blocks
-of back-to-back calls per library, the first call of each block discarded, blocks alternated, median over blocks);
-ratios are same-run. Each row also prints the modelled Ascend 950DT time of the call (the estimate_* functions).
-CPU numbers are CPU numbers; chip numbers are modelled.
+scale applied once per score column, chunked so the scores stay in memory), torch on the CPU where installed (the
+einsum / relu / weighted sum a torch user writes, as in CUDA DeepGEMM's own reference: FP8 decoded with .float()
+every call, fp32 scores; timed at torch's default thread count and at every other count, each its own library)
+and, where installed, JAX (one jax.jit-compiled function). Every library is timed in its own steady state
+(deep_gemm.testing.bench_steady: blocks of back-to-back calls per library, the first call of each block discarded,
+blocks alternated, median over blocks); ratios are same-run. Each row prints the stand-in's speedup over numpy,
+JAX, torch (default threads) and the best peer (per round the fastest of numpy, JAX and torch at any thread count),
+issue 28's target where it sets one and the modelled Ascend 950DT time of the call (the estimate_* functions). CPU
+numbers are CPU numbers; chip numbers are modelled.
 
     python bench/attention_bench.py --quick          # the issue's two target rows + HC pre-norm (minutes)
     python bench/attention_bench.py                  # H = 64, D = 128: 4k-64k keys, batch 1-64 (long on 2 cores)
-    python bench/attention_bench.py --rows paged --no-jax
+    python bench/attention_bench.py --rows paged --no-jax --no-torch
 
 Rows whose deep_gemm function is not in this checkout say so and time only the peers.
 """
@@ -217,6 +221,81 @@ def jax_hc_prenorm(a, b):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# torch (as a torch user writes it, after CUDA DeepGEMM's reference: .float() decode every call, fp32 einsum, relu,
+# weighted sum over heads, -inf outside each row's range; query rows chunked like numpy's so the scores fit memory)
+# ---------------------------------------------------------------------------------------------------------------
+def torch_ragged_logits(q, kv, kv_scale, weights, ks, ke):
+    import torch
+
+    from deep_gemm.testing.peers import torch_tensor
+
+    s, h, d = q.shape
+    s_kv = kv.shape[0]
+    tq, tkv, tscale, tw = (torch_tensor(x) for x in (q, kv, kv_scale, weights))
+    tks, tke = torch.from_numpy(ks.astype(np.int64)), torch.from_numpy(ke.astype(np.int64))
+    bounds = [(q0, min(s, q0 + Q_CHUNK), int(ks[q0:q0 + Q_CHUNK].min()), int(ke[q0:q0 + Q_CHUNK].max()))
+              for q0 in range(0, s, Q_CHUNK)]
+
+    def call():
+        qf = tq.float()
+        kvf = tkv.float() * tscale[:, None]
+        w = tw.float()
+        out = torch.full((s, s_kv), float("-inf"))
+        for q0, q1, lo, hi in bounds:
+            if hi > lo:
+                scores = torch.einsum("qhd,kd->qhk", qf[q0:q1], kvf[lo:hi])
+                out[q0:q1, lo:hi] = torch.einsum("qhk,qh->qk", scores.relu(), w[q0:q1])
+        cols = torch.arange(s_kv)
+        return out.masked_fill_((cols[None] < tks[:, None]) | (cols[None] >= tke[:, None]), float("-inf"))
+
+    return call
+
+
+def torch_paged_logits(q, cache, weights, context_lens, block_table, max_ctx):
+    import torch
+
+    from deep_gemm.testing.peers import torch_tensor
+
+    batch, _, h, d = q.shape
+    nblk = -(-max_ctx // PAGE_SIZE)
+    tq, tw = torch_tensor(q), torch_tensor(weights)
+    flat = torch.from_numpy(cache.reshape(cache.shape[0], -1))
+    table = torch.from_numpy(block_table[:, :nblk].astype(np.int64))
+    ctx = torch.from_numpy(context_lens[:, :1].astype(np.int64))
+
+    def call():
+        pages = flat[table]  # [B, nblk, page bytes]
+        kv = pages[..., :PAGE_SIZE * d].view(torch.float8_e4m3fn).float().reshape(batch, nblk * PAGE_SIZE, d)
+        scales = pages[..., PAGE_SIZE * d:].contiguous().view(torch.float32).reshape(batch, nblk * PAGE_SIZE)
+        scores = torch.einsum("bhd,btd->bht", tq.reshape(batch, h, d).float(), kv) * scales[:, None, :]
+        logits = torch.einsum("bht,bh->bt", scores.relu(), tw.float())[:, :max_ctx]
+        return logits.masked_fill_(torch.arange(max_ctx)[None] >= ctx, float("-inf"))
+
+    return call
+
+
+def torch_hc_prenorm(a, b):
+    """(D = A @ B^T, sqr_sum) as a torch user writes it: the bf16 A cast to fp32 every call, one matmul and the row
+    sums of its square (torch on the CPU has no TF32)."""
+    from deep_gemm.testing.peers import torch_tensor
+
+    ta, tb = torch_tensor(a), torch_tensor(b)
+
+    def call():
+        af = ta.float()
+        return af @ tb.T, af.square().sum(-1)
+
+    return call
+
+
+def _add_torch(fns: dict, args, make) -> None:
+    if args.torch:
+        from deep_gemm.testing.peers import torch_variants
+
+        fns.update(torch_variants(make()))
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # deep_gemm (the stand-in) and its modelled chip time, where this checkout has them
 # ---------------------------------------------------------------------------------------------------------------
 def _dg(name: str):
@@ -272,20 +351,65 @@ def modelled_paged_us(context_lens) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # Rows
 # ---------------------------------------------------------------------------------------------------------------
-HEADER = (f"{'row':<34} {'stand-in ms':>11} {'numpy ms':>9} {'JAX ms':>8} {'x numpy':>8} {'x JAX':>6} "
-          f"{'calc_diff':>9}  modelled 950DT us")
+HEADER = (f"{'row':<34} {'stand-in ms':>11} {'numpy ms':>9} {'JAX ms':>8} {'torch ms':>9} {'torch best':>12} "
+          f"{'x numpy':>8} {'x JAX':>6} {'x torch':>7} {'x best':>7} {'target':>7} {'calc_diff':>9}  "
+          f"modelled 950DT us")
+
+# Issue 28's targets (the stand-in's speedup over the best peer): kind -> {shape-defining value: target}
+TARGETS = {"ragged": {(32, 16384): 3.0}, "paged": {16: 3.0}, "hc": {16: 1.5, 256: 1.5}}
 
 
-def _print_row(label, timing, names, diff, modelled, note=""):
+def target_for(kind: str, shape) -> float | None:
+    """Issue 28's target of a row (ragged: (S, keys); paged: the batch; hc: M), None where it sets none."""
+    key = tuple(shape) if kind == "ragged" else shape[0]
+    return TARGETS.get(kind, {}).get(key)
+
+
+def torch_names(names) -> list[str]:
+    return [n for n in names if n == "torch" or n.startswith("torch-")]
+
+
+def row_figures(timing, names) -> dict:
+    """One row's figures: every library's ms (torch at its default threads and at its best count), the stand-in's
+    speedups over numpy, JAX, torch (default threads) and the best peer (None where not timed)."""
     def ms(name):
-        return f"{timing.median(name) * 1e3:.2f}" if name in names else "-"
+        return timing.median(name) * 1e3 if name in names else None
 
     def speedup(over):
-        return f"{timing.speedup('stand-in', over):.2f}" if "stand-in" in names and over in names else "-"
+        return timing.speedup("stand-in", over) if "stand-in" in names and over in names else None
 
+    ts = torch_names(names)
+    best = min(ts, key=timing.median) if ts else None
+    peer_names = [n for n in names if n != "stand-in"]
+    return {"stand_in_ms": ms("stand-in"), "numpy_ms": ms("numpy"), "jax_ms": ms("jax"), "torch_ms": ms("torch"),
+            "torch_best_ms": ms(best) if best else None,
+            "torch_best_threads": None if best is None else (
+                _torch_default() if best == "torch" else int(best[len("torch-"):-1])),
+            "x_numpy": speedup("numpy"), "x_jax": speedup("jax"), "x_torch": speedup("torch"),
+            "x_best": timing.speedup("stand-in", peer_names) if "stand-in" in names and peer_names else None}
+
+
+def _torch_default() -> int:
+    from deep_gemm.testing.peers import torch_default_threads
+
+    return torch_default_threads()
+
+
+def _print_row(label, timing, names, diff, modelled, note="", target=None):
+    f = row_figures(timing, names)
+
+    def num(value, fmt=".2f"):
+        return "-" if value is None else format(value, fmt)
+
+    best = num(f["torch_best_ms"]) + (f"@{f['torch_best_threads']}t" if f["torch_best_threads"] else "")
+    target_text = "-" if target is None else f">={target:.1f}x"
+    if target is not None and f["x_best"] is not None:
+        target_text += " ok" if f["x_best"] >= target else " MISS"
     diff_text = "-" if diff is None else f"{diff:.1e}"
-    print(f"{label:<34} {ms('stand-in'):>11} {ms('numpy'):>9} {ms('jax'):>8} {speedup('numpy'):>8} "
-          f"{speedup('jax'):>6} {diff_text:>9}  {modelled}{'  ' + note if note else ''}", flush=True)
+    print(f"{label:<34} {num(f['stand_in_ms']):>11} {num(f['numpy_ms']):>9} {num(f['jax_ms']):>8} "
+          f"{num(f['torch_ms']):>9} {best:>12} {num(f['x_numpy']):>8} {num(f['x_jax']):>6} {num(f['x_torch']):>7} "
+          f"{num(f['x_best']):>7} {target_text:>7} {diff_text:>9}  {modelled}{'  ' + note if note else ''}",
+          flush=True)
 
 
 def _time(fns: dict, blocks: int, calls: int):
@@ -300,6 +424,7 @@ def run_ragged(shape, args, rng) -> None:
     fns = {"numpy": lambda: numpy_ragged_logits(*inputs)}
     if args.jax:
         fns["jax"] = jax_ragged_logits(*inputs)
+    _add_torch(fns, args, lambda: torch_ragged_logits(*inputs))
     dg = stand_in_ragged(*inputs)
     note, diff = "", None
     if dg is None:
@@ -309,7 +434,8 @@ def run_ragged(shape, args, rng) -> None:
         diff = _finite_diff(np.asarray(dg(), np.float32)[:, :s_kv], numpy_ragged_logits(*inputs))
     timing = _time(fns, args.blocks, args.calls)
     label = f"mqa_logits S={s} keys={s_kv} H={NUM_HEADS}"
-    _print_row(label, timing, fns, diff, modelled_ragged_us(s, s_kv, inputs[4], inputs[5]), note)
+    _print_row(label, timing, fns, diff, modelled_ragged_us(s, s_kv, inputs[4], inputs[5]), note,
+               target_for("ragged", shape))
 
 
 def run_paged(shape, args, rng) -> None:
@@ -318,6 +444,7 @@ def run_paged(shape, args, rng) -> None:
     fns = {"numpy": lambda: numpy_paged_logits(*inputs)}
     if args.jax:
         fns["jax"] = jax_paged_logits(*inputs)
+    _add_torch(fns, args, lambda: torch_paged_logits(*inputs))
     dg = stand_in_paged(*inputs)
     note, diff = "", None
     if dg is None:
@@ -330,7 +457,7 @@ def run_paged(shape, args, rng) -> None:
         diff = _finite_diff(np.asarray(dg(), np.float32)[:, :inputs[5]][valid], numpy_paged_logits(*inputs)[valid])
     timing = _time(fns, args.blocks, args.calls)
     label = f"paged_mqa B={batch} ctx~{mean_ctx} page={PAGE_SIZE}"
-    _print_row(label, timing, fns, diff, modelled_paged_us(inputs[3]), note)
+    _print_row(label, timing, fns, diff, modelled_paged_us(inputs[3]), note, target_for("paged", shape))
 
 
 def run_hc(shape, args, rng) -> None:
@@ -341,6 +468,7 @@ def run_hc(shape, args, rng) -> None:
     fns = {"numpy": lambda: numpy_hc_prenorm(a, b)}
     if args.jax:
         fns["jax"] = jax_hc_prenorm(a, b)
+    _add_torch(fns, args, lambda: torch_hc_prenorm(a, b))
     dg = _dg("tf32_hc_prenorm_gemm")
     note, diff, modelled = "", None, "n/a"
     if dg is None:
@@ -354,7 +482,7 @@ def run_hc(shape, args, rng) -> None:
         diff = max(calc_diff(d, ref_d), calc_diff(sqr, ref_s))
         modelled = f"{_dg('estimate_hc_prenorm_gemm')(m, n, k).time_us:.1f}"
     timing = _time(fns, args.blocks, args.calls)
-    _print_row(f"hc_prenorm M={m} N={n} K={k}", timing, fns, diff, modelled, note)
+    _print_row(f"hc_prenorm M={m} N={n} K={k}", timing, fns, diff, modelled, note, target_for("hc", shape))
 
 
 def _positive(name):
@@ -376,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=_positive("--blocks"), default=3, help="rounds of blocks (default 3)")
     parser.add_argument("--calls", type=_positive("--calls"), default=2, help="timed calls per block (default 2)")
     parser.add_argument("--no-jax", dest="jax", action="store_false", help="skip the JAX peer")
+    parser.add_argument("--no-torch", dest="torch", action="store_false", help="skip the torch peer")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
@@ -385,12 +514,18 @@ def main(argv: list[str] | None = None) -> int:
 
     from deep_gemm import runtime
     from deep_gemm.testing import describe_machine, jax_version
+    from deep_gemm.testing.peers import torch_thread_counts, torch_version
 
     if args.jax and jax_version() is None:
         print("JAX is not installed: the JAX column is skipped")
         args.jax = False
+    if args.torch and torch_version() is None:
+        print("torch is not installed (pip install deep_gemm[torch]): the torch columns are skipped")
+        args.torch = False
     print(describe_machine())
-    print(f"JAX {jax_version() or '-'}; deep_gemm: {runtime.get_num_ai_cores()} logical AI cores "
+    torch_text = (f"torch {torch_version()} (default {_torch_default()} threads, also timed at "
+                  f"{', '.join(map(str, torch_thread_counts()))})" if args.torch else "torch -")
+    print(f"JAX {jax_version() or '-'}; {torch_text}; deep_gemm: {runtime.get_num_ai_cores()} logical AI cores "
           f"({runtime.get_npu_arch()} configs); load average at start {os.getloadavg()[0]:.2f}")
     print(f"protocol: bench_steady, {args.blocks} blocks x {args.calls} timed calls per library (+1 discarded per "
           f"block, 1 warm-up call each); ratios: median over rounds of the same-round block ratios")

@@ -22,6 +22,7 @@ import tempfile
 import time
 import uuid
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from .. import envs
@@ -96,21 +97,21 @@ def _checkout_root() -> Path | None:
     return None
 
 
-def _candidates() -> list[tuple[str, Path]]:
-    out = []
+def _candidates() -> Iterator[tuple[str, Path]]:
+    # NOTES: a generator, so the fallbacks are only worked out when an earlier root is not writable: platformdirs
+    # (~3 ms to import) stays out of a process whose DG_JIT_CACHE_DIR or checkout cache serves it (start-up).
     env_dir = envs.DG_JIT_CACHE_DIR.get()
     if env_dir:
-        out.append(("DG_JIT_CACHE_DIR", Path(env_dir).expanduser()))
+        yield ("DG_JIT_CACHE_DIR", Path(env_dir).expanduser())
     else:
         checkout = _checkout_root()
         if checkout is not None:
-            out.append(("source checkout", checkout))
+            yield ("source checkout", checkout)
     import platformdirs
 
-    out.append(("user cache", Path(platformdirs.user_cache_dir("deep_gemm", appauthor=False)) / "jit"))
+    yield ("user cache", Path(platformdirs.user_cache_dir("deep_gemm", appauthor=False)) / "jit")
     uid = os.getuid() if hasattr(os, "getuid") else 0
-    out.append(("temp dir", Path(tempfile.gettempdir()) / f"deep_gemm-jit-{uid}"))
-    return out
+    yield ("temp dir", Path(tempfile.gettempdir()) / f"deep_gemm-jit-{uid}")
 
 
 @functools.lru_cache(maxsize=8)

@@ -68,8 +68,53 @@ def blas_info() -> list[dict[str, object]]:
     return [{"name": name, "version": version, "threads": env, "arch": None, "source": "numpy.show_config"}]
 
 
+def smt_threads_per_core() -> int:
+    """Hardware threads per core as the OS reports them (sysfs thread_siblings_list of CPU 0, else /proc/cpuinfo's
+    siblings / cpu cores); 1 when unknown. The threads of one core share its AMX tile unit.
+    NOTES: a VM may show its vCPUs as separate cores while they are SMT siblings on the host; measure_amx_peak's
+    one-thread vs all-threads figures (tile_unit_sharing) tell what the tile unit actually does."""
+    try:
+        with open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list", encoding="utf-8") as f:
+            text = f.read().strip()
+        count = 0
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            count += int(hi) - int(lo) + 1 if hi else 1
+        return max(count, 1)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            fields = dict(line.split(":", 1) for line in f.read().split("\n\n")[0].splitlines() if ":" in line)
+        return max(int(fields["siblings\t"]) // int(fields["cpu cores\t"]), 1)
+    except (OSError, KeyError, ValueError, ZeroDivisionError):
+        return 1
+
+
+def amx_present() -> bool:
+    """Whether the host has the AMX-BF16 tile unit (LLVM's amx-bf16 feature, as numba sees the host)."""
+    return isa_features()["amx-bf16"]
+
+
+def describe_amx() -> str:
+    """'AMX-BF16 present (one tile unit per core, shared by its N threads as the OS reports them)' or 'absent'."""
+    if not amx_present():
+        return "AMX-BF16 absent (no tile unit: BF16 and FP8 run on the FMA units)"
+    n = smt_threads_per_core()
+    return (f"AMX-BF16 present (one tile unit per core, shared by its {n} hardware thread{'s' if n > 1 else ''} as "
+            f"the OS reports them)")
+
+
+def tile_unit_sharing(amx_peak: FmaPeak) -> float:
+    """How many of the measured threads share one tile unit, from measure_amx_peak's figures: threads divided by
+    the all-threads / one-thread speedup (1.0: every thread has its own unit; ``threads``: all share one)."""
+    scale = amx_peak.gflops / amx_peak.gflops_one_thread if amx_peak.gflops_one_thread > 0 else float("nan")
+    return amx_peak.threads / scale if scale > 0 else float("nan")
+
+
 def describe_machine() -> str:
-    """One paragraph: CPU model, logical CPUs usable by this process, ISA features, numba threads, numpy + BLAS."""
+    """One paragraph: CPU model, logical CPUs usable by this process, ISA features, whether AMX is present and how
+    many threads share its tile unit, numba threads, numpy + BLAS."""
     import numba
 
     isa = isa_features()
@@ -77,10 +122,11 @@ def describe_machine() -> str:
     blas = "; ".join(
         f"{b['name']} {b['version'] or ''} threads {b['threads']}" + (f" arch {b['arch']}" if b["arch"] else "")
         for b in blas_info())
-    return (f"CPU {cpu_model()} ({platform.machine()}), {os.cpu_count()} logical CPUs ({usable} usable); ISA "
+    return (f"CPU {cpu_model()} ({platform.machine()}), {os.cpu_count()} logical CPUs ({usable} usable, "
+            f"{smt_threads_per_core()} thread(s) per core); ISA "
             + " ".join(f"{k}{'+' if v else '-'}" for k, v in isa.items())
-            + f"; numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads); numpy {np.__version__}, "
-            f"BLAS {blas}")
+            + f"; {describe_amx()}; numba {numba.__version__} ({numba.config.NUMBA_NUM_THREADS} threads); numpy "
+            f"{np.__version__}, BLAS {blas}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """The GEMMs a user would otherwise write, as the benches' peers: the strongest numpy formulation (256-entry lookup
-table decode, in-place block scaling, fp32 matmul, cast to bf16), the naive ``astype`` one for reference, and JAX
-(jit-compiled, when the optional ``peers`` extra is installed). Timing is the benches' business, not this module's.
+table decode, in-place block scaling, fp32 matmul, cast to bf16), the naive ``astype`` one for reference, JAX
+(jit-compiled, when the optional ``peers`` extra is installed) and torch on the CPU (the optional ``torch`` extra;
+oneDNN / MKL, on the AMX unit where the CPU has one), at its default thread count or a given one. Timing is the
+benches' business, not this module's.
 """
 
 from __future__ import annotations
@@ -213,3 +215,117 @@ def jax_fp4_gemm(a: np.ndarray, sfa: np.ndarray, b: np.ndarray, sfb: np.ndarray)
     fn = jax.jit(gemm)
     args = [jax.device_put(v) for v in (a, sfa, b, sfb, table)]
     return lambda: fn(*args).block_until_ready()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch on the CPU (optional: pip install deep_gemm[torch])
+# ---------------------------------------------------------------------------------------------------------------
+# NOTES: torch's thread count is process-wide; a bench that times torch at several counts gives each its own
+# library entry whose every call sets its count first (torch_at_threads). The default is read once, before any
+# peer changed it: the count a user's process starts with (torch picks the physical cores it may use).
+_TORCH_DEFAULT_THREADS: int | None = None
+
+
+def torch_version() -> str | None:
+    """The installed torch's version, or None when torch cannot be imported."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.__version__
+
+
+def _torch():
+    global _TORCH_DEFAULT_THREADS
+    try:
+        import torch
+    except ImportError as exc:
+        raise ImportError("torch is not installed; the torch peer needs `pip install deep_gemm[torch]`") from exc
+    if _TORCH_DEFAULT_THREADS is None:
+        _TORCH_DEFAULT_THREADS = torch.get_num_threads()
+    return torch
+
+
+def torch_default_threads() -> int:
+    """torch's intra-op thread count as this process started with it (read on the first torch peer call)."""
+    _torch()
+    return _TORCH_DEFAULT_THREADS
+
+
+def torch_thread_counts() -> list[int]:
+    """The thread counts a bench tries torch at to find its best: 1 .. the CPUs this process may use."""
+    import os
+
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return list(range(1, usable + 1))
+
+
+def torch_at_threads(fn: Callable[[], object], threads: int) -> Callable[[], object]:
+    """``fn`` with torch's intra-op thread count set to ``threads`` before every call (cheap when unchanged; the
+    pool resizes on the first call after another count ran, which bench_steady's discarded call absorbs)."""
+    torch = _torch()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an int >= 1, got threads={threads!r}")
+
+    def call():
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        return fn()
+
+    return call
+
+
+def torch_variants(fn: Callable[[], object], name: str = "torch") -> dict[str, Callable[[], object]]:
+    """The torch entries of a bench: ``name`` at torch's default thread count and ``f"{name}-{t}t"`` at every
+    other count of torch_thread_counts(), each a separate library for bench_steady (its own steady state)."""
+    default = torch_default_threads()
+    out = {name: torch_at_threads(fn, default)}
+    for t in torch_thread_counts():
+        if t != default:
+            out[f"{name}-{t}t"] = torch_at_threads(fn, t)
+    return out
+
+
+def torch_tensor(x: np.ndarray):
+    """A CPU torch tensor over ``x``'s memory (bfloat16 / float8_e4m3fn as torch's own dtypes), zero-copy."""
+    from .._torch import to_torch
+
+    _torch()
+    return to_torch(np.asarray(x))
+
+
+def torch_decode_fp8(x, sf, k: int):
+    """torch float8_e4m3fn [..., mn, k] and fp32 scales [..., mn, ceil(k/32)] -> bf16 [..., mn, k]: the FP8 codes
+    cast to bf16 (exact), then multiplied by their block scales in bf16 (exact for power-of-two scales)."""
+    torch = _torch()
+    out = x.to(torch.bfloat16)
+    scales = sf.to(torch.bfloat16)
+    if k % 32 == 0:
+        out.view(*out.shape[:-1], k // 32, 32).mul_(scales.unsqueeze(-1))
+    else:
+        out.mul_(scales.repeat_interleave(32, dim=-1)[..., :k])
+    return out
+
+
+def torch_bf16_gemm(a: np.ndarray, b: np.ndarray) -> Callable[[], object]:
+    """A zero-argument call of torch's BF16 GEMM as a torch user writes it, ``a @ b.T`` on CPU bf16 tensors (a
+    [m, k], b [n, k]; torch accumulates in fp32 and returns bf16 [m, n]), at whatever thread count torch has."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != BF16_DTYPE or b.dtype != BF16_DTYPE or a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
+        raise TypeError(f"torch_bf16_gemm needs bfloat16 a [m, k] and b [n, k], got {a.dtype=} {a.shape=} "
+                        f"{b.dtype=} {b.shape=}")
+    ta, tb = torch_tensor(a), torch_tensor(b)
+    return lambda: ta @ tb.T
+
+
+def torch_fp8_gemm(a: np.ndarray, sfa: np.ndarray, b: np.ndarray, sfb: np.ndarray) -> Callable[[], object]:
+    """A zero-argument call of the FP8 GEMM as a torch user writes it: the operands stay float8_e4m3fn in memory
+    and every call decodes them (torch_decode_fp8: cast to bf16, block scales applied), then ``x @ w.T`` (bf16,
+    fp32 accumulation), bf16 [m, n]. Arguments as ``numpy_fp8_gemm``."""
+    a, b = _fp8_codes("a", a), _fp8_codes("b", b)
+    (m, k), (n, k_b) = a.shape, b.shape
+    _check_k(a, b, k, k_b)
+    sfa, sfb = _scales("sfa", sfa, m, k), _scales("sfb", sfb, n, k)
+    ta, tsa = torch_tensor(np.ascontiguousarray(a).view(FP8_DTYPE)), torch_tensor(sfa)
+    tb, tsb = torch_tensor(np.ascontiguousarray(b).view(FP8_DTYPE)), torch_tensor(sfb)
+    return lambda: torch_decode_fp8(ta, tsa, k) @ torch_decode_fp8(tb, tsb, k).T

@@ -1,6 +1,7 @@
 """bench/attention_bench.py without timing anything: its numpy peers compute the indexer's logits and the HC pre-norm
-(checked against direct float64 loops on tiny shapes, -inf masks included), and its command line refuses bad
-arguments before anything runs. The bench itself (minutes of CPU) is not run here."""
+(checked against direct float64 loops on tiny shapes, -inf masks included), its torch peers compute the same, a row
+prints torch at its default and best thread count, the best peer and issue 28's target, and its command line
+refuses bad arguments before anything runs. The bench itself (minutes of CPU) is not run here."""
 
 from __future__ import annotations
 
@@ -84,3 +85,39 @@ def test_help_describes_the_protocol(capsys):
     out = capsys.readouterr().out
     for words in ("own steady state", "back-to-back", "discarded", "median of its block figures", "--quick"):
         assert words in out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The torch peers and columns
+# ---------------------------------------------------------------------------------------------------------------
+def test_torch_peers_compute_the_numpy_peers_problem(rng, monkeypatch):
+    pytest.importorskip("torch", reason="the torch peer is the optional `torch` extra")
+    monkeypatch.setattr(ab, "NUM_HEADS", 4)
+    monkeypatch.setattr(ab, "HEAD_DIM", 16)
+    ragged = ab.ragged_inputs(rng, 11, 70)  # Q_CHUNK = 8: a full chunk and a short one
+    assert ab._finite_diff(ab.torch_ragged_logits(*ragged)().numpy(), ab.numpy_ragged_logits(*ragged)) < 1e-10
+    paged = ab.paged_inputs(rng, 3, 100)
+    got = ab.torch_paged_logits(*paged)().numpy()
+    assert got.shape == (3, paged[5]) and ab._finite_diff(got, ab.numpy_paged_logits(*paged)) < 1e-10
+    a, b = ab.hc_inputs(rng, 5, 8, 64)
+    (d, s), (d_ref, s_ref) = ab.torch_hc_prenorm(a, b)(), ab.numpy_hc_prenorm(a, b)
+    np.testing.assert_allclose(d.numpy(), d_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(s.numpy(), s_ref, rtol=1e-6)
+
+
+def test_rows_print_torch_the_best_peer_and_the_target(capsys):
+    from deep_gemm.testing import SteadyTiming
+
+    assert ab.target_for("ragged", (32, 16384)) == 3.0 and ab.target_for("ragged", (64, 16384)) is None
+    assert ab.target_for("paged", (16, 4096)) == 3.0 and ab.target_for("paged", (4, 8192)) is None
+    assert ab.target_for("hc", (16, 24, 28672)) == 1.5 and ab.target_for("hc", (256, 24, 28672)) == 1.5
+    assert ab.target_for("hc", (1024, 24, 28672)) is None
+    blocks = {"stand-in": (1.0, 1.0), "numpy": (6.0, 6.0), "torch": (4.0, 4.0), "torch-1t": (2.0, 3.0)}
+    f = ab.row_figures(SteadyTiming(blocks), blocks)
+    assert f["x_numpy"] == 6.0 and f["x_torch"] == 4.0 and f["x_best"] == 2.5 and f["jax_ms"] is None
+    assert f["torch_best_threads"] == 1 and f["torch_best_ms"] == 2.5e3
+    ab._print_row("row", SteadyTiming(blocks), blocks, None, "1.0", target=3.0)
+    line = capsys.readouterr().out
+    assert "2500.00@1t" in line and ">=3.0x MISS" in line
+    ab._print_row("row", SteadyTiming(blocks), blocks, None, "1.0", target=2.0)
+    assert ">=2.0x ok" in capsys.readouterr().out

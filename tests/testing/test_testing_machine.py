@@ -69,3 +69,22 @@ def test_amx_kernel_runs_every_step_and_peak_arguments():
                           (dict(repeats=0), "repeats=0")):
         with pytest.raises(ValueError, match=match):
             machine.measure_amx_peak(**kwargs)
+
+
+def test_machine_line_says_whether_amx_is_present_and_who_shares_it():
+    threads = machine.smt_threads_per_core()
+    assert isinstance(threads, int) and threads >= 1
+    amx = machine.describe_amx()
+    assert amx.startswith("AMX-BF16 present" if machine.amx_present() else "AMX-BF16 absent")
+    if machine.amx_present():
+        assert f"{threads} hardware thread" in amx
+    text = machine.describe_machine()
+    assert amx in text and f"{threads} thread(s) per core" in text
+    assert machine.amx_present() == machine.isa_features()["amx-bf16"]
+
+
+def test_tile_unit_sharing_from_the_one_and_all_thread_figures():
+    # two threads, no faster than one: they share one unit; twice as fast: one unit each
+    assert machine.tile_unit_sharing(machine.FmaPeak(100.0, 100.0, 2, 0)) == 2.0
+    assert machine.tile_unit_sharing(machine.FmaPeak(200.0, 100.0, 2, 0)) == 1.0
+    assert machine.tile_unit_sharing(machine.FmaPeak(150.0, 100.0, 3, 0)) == 2.0

@@ -1,7 +1,10 @@
 """The benches' peers: the strongest numpy FP8/FP4 GEMM (table decode, in-place scaling) equals the exact reference,
-the naive formulation agrees, and the JAX peer (when installed) computes the same problem."""
+the naive formulation agrees, and the JAX and torch peers (when installed) compute the same problem: torch's FP8
+decode is exact, its thread-count variants run at their counts, and without torch the peer says how to install it."""
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import pytest
@@ -104,3 +107,72 @@ def test_jax_version_matches_importability():
         assert peers.jax_version() is None
     else:
         assert peers.jax_version() == jax.__version__
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch (the optional `torch` extra)
+# ---------------------------------------------------------------------------------------------------------------
+def test_torch_fp8_gemm_bitwise_equals_reference_when_exact():
+    torch = pytest.importorskip("torch", reason="the torch peer is the optional `torch` extra")
+    rng = np.random.default_rng(6)
+    (a, sfa), (b, sfb) = _exact_fp8_operand(rng, 8, 128), _exact_fp8_operand(rng, 12, 128)
+    ref = reference_gemm(dequantize_fp8(a, sfa), dequantize_fp8(b, sfb)).astype(BF16_DTYPE)
+    out = peers.torch_fp8_gemm(a, sfa, b, sfb)()
+    assert str(out.dtype) == "torch.bfloat16" and tuple(out.shape) == (8, 12)
+    np.testing.assert_array_equal(out.view(dtype=torch.int16).numpy().view(np.uint16),
+                                  ref.view(np.uint16))
+
+
+@pytest.mark.parametrize("k", [96, 40])
+def test_torch_fp8_peers_decode_and_gemm_match_numpy(k):
+    torch = pytest.importorskip("torch", reason="the torch peer is the optional `torch` extra")
+    rng = np.random.default_rng(k)
+    (a, sfa), (b, sfb) = fp8_operand(rng, 16, k), fp8_operand(rng, 24, k, "mn")
+    # the decode is exact (FP8 values times power-of-two scales fit bf16), K a multiple of 32 or not
+    decoded = peers.torch_decode_fp8(peers.torch_tensor(a), peers.torch_tensor(sfa), k)
+    np.testing.assert_array_equal(decoded.float().numpy(), peers.decode_fp8_lut(a, sfa))
+    got = peers.torch_fp8_gemm(a, sfa, b, sfb)().float().numpy().astype(np.float64)
+    assert calc_diff(got, peers.numpy_fp8_gemm(a, sfa, b, sfb).astype(np.float64)) < 1e-5
+    x = rng.standard_normal((8, 64)).astype(BF16_DTYPE)
+    y = rng.standard_normal((4, 64)).astype(BF16_DTYPE)
+    got16 = peers.torch_bf16_gemm(x, y)()
+    assert got16.dtype == torch.bfloat16
+    assert calc_diff(got16.float().numpy().astype(np.float64), reference_gemm(x, y)) < 1e-4
+    with pytest.raises(TypeError, match="bfloat16"):
+        peers.torch_bf16_gemm(x.astype(np.float32), y)
+
+
+def test_torch_variants_run_at_their_thread_counts():
+    torch = pytest.importorskip("torch", reason="the torch peer is the optional `torch` extra")
+    default = peers.torch_default_threads()
+    seen = []
+    variants = peers.torch_variants(lambda: seen.append(torch.get_num_threads()))
+    counts = peers.torch_thread_counts()
+    assert counts == list(range(1, len(counts) + 1))
+    assert list(variants) == ["torch"] + [f"torch-{t}t" for t in counts if t != default]
+    try:
+        for fn in variants.values():
+            fn()
+    finally:
+        torch.set_num_threads(default)
+    assert seen == [default] + [t for t in counts if t != default]
+    with pytest.raises(ValueError, match="threads=0"):
+        peers.torch_at_threads(lambda: None, 0)
+
+
+def test_without_torch_the_peer_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now raises ImportError
+    assert peers.torch_version() is None
+    rng = np.random.default_rng(7)
+    a, sfa = fp8_operand(rng, 4, 64)
+    with pytest.raises(ImportError, match=r"deep_gemm\[torch\]"):
+        peers.torch_fp8_gemm(a, sfa, a, sfa)
+
+
+def test_torch_version_matches_importability():
+    try:
+        import torch
+    except ImportError:
+        assert peers.torch_version() is None
+    else:
+        assert peers.torch_version() == torch.__version__
