@@ -3,6 +3,7 @@ protocol, the machine's description and FMA peak, the numpy / JAX peers the benc
 generators."""
 
 from .bench import STEADY_PROTOCOL, PairedTiming, SteadyTiming, bench, bench_paired, bench_steady
+from .dist import init_dist, spawn  # noqa: F401 - simulated ranks (not torch-wrapped: they take no arrays)
 from .generators import (
     FP4_SF_CHOICES,
     FP8_SF_CHOICES,

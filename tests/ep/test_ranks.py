@@ -1,0 +1,157 @@
+"""Simulated ranks: deep_gemm.testing.spawn / init_dist, the shared-memory process group, and SymmetricBuffer (remote
+stores visible to the peer, the [R, nbytes] view); failures: an exception, a SIGKILL, an early exit and a hang each
+end every rank with a clear RankFailedError, and no /dev/shm segment of the run is left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import deep_gemm
+from deep_gemm.ep import RankFailedError, SymmetricBuffer, _shm
+from deep_gemm.testing import init_dist, spawn
+
+
+def leftovers(prefix):
+    return [n for n in os.listdir(_shm.SHM_DIR) if n.startswith(prefix)]
+
+
+def stores_and_views(rank, num_ranks, nbytes):
+    r, n, group = init_dist(rank, num_ranks)
+    assert (r, n) == (rank, num_ranks) and group.size() == num_ranks
+    a = SymmetricBuffer(group, nbytes)
+    b = SymmetricBuffer(group, 64)  # a second allocation, in the same order on every rank
+    assert a.all.shape == (num_ranks, a.nbytes) and a.all.dtype == np.uint8 and a.nbytes >= nbytes
+    assert a.local.base is not None and np.shares_memory(a.local, a.all[rank])
+    assert not a.local.any()  # zero-filled
+    group.barrier()  # nobody stores before everyone looked
+    # Remote stores: rank r writes its id into slot r of every peer's buffer (the UBMEM store), then a barrier
+    for dst in range(num_ranks):
+        a.view(np.int32, 0, num_ranks, rank=dst)[rank] = 100 * dst + rank
+        b.all[dst, rank] = rank + 1
+    a.barrier()
+    got = a.view(np.int32, 0, num_ranks, rank=rank).tolist()
+    objs = group.all_gather_object({"rank": rank, "pid": os.getpid()})
+    root = group.broadcast_object(("from", rank), src=num_ranks - 1)
+    segment = a.name
+    a.close(), b.close()
+    return got, b.nbytes, [o["rank"] for o in objs], len({o["pid"] for o in objs}), root, segment
+
+
+@pytest.mark.parametrize("num_ranks", [1, 3])
+def test_symmetric_buffer_remote_stores(num_ranks):
+    results = spawn(stores_and_views, num_ranks, 1000)
+    for rank, (got, nbytes_b, ranks, pids, root, segment) in enumerate(results):
+        assert got == [100 * rank + src for src in range(num_ranks)]
+        assert nbytes_b == 64 and ranks == list(range(num_ranks)) and pids == num_ranks
+        assert root == ("from", num_ranks - 1)
+        if num_ranks > 1:
+            assert segment.startswith(_shm.SEGMENT_PREFIX) and not os.path.exists(os.path.join(_shm.SHM_DIR, segment))
+
+
+def test_world_of_one_without_spawn():
+    rank, num_ranks, group = init_dist(0, 1)
+    assert (rank, num_ranks) == (0, 1)
+    buf = deep_gemm.SymmetricBuffer(group, 100)
+    assert buf.all.shape == (1, 128) and buf.rank == 0 and buf.num_ranks == 1
+    buf.local[:4] = 7
+    buf.barrier()
+    assert buf.all[0, :4].tolist() == [7] * 4
+    buf.close()
+    with pytest.raises(ValueError, match="nbytes"):
+        SymmetricBuffer(group, 0)
+    with pytest.raises(ValueError, match="spawn"):
+        init_dist(0, 2)
+
+
+def raises_in_rank(rank, num_ranks):
+    _, _, group = init_dist(rank, num_ranks)
+    if rank == 1:
+        raise KeyError("bad expert 17")
+    group.barrier()
+
+
+def exits_early(rank, num_ranks):
+    _, _, group = init_dist(rank, num_ranks)
+    if rank == 0:
+        return "done"
+    group.barrier()
+
+
+def exits_hard(rank, num_ranks):
+    _, _, group = init_dist(rank, num_ranks)
+    if rank == 2:
+        os._exit(3)
+    group.barrier()
+
+
+def test_exception_in_one_rank_propagates():
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError, match="rank 1 of 3 failed") as info:
+        spawn(raises_in_rank, 3)
+    err = info.value
+    assert err.failed_rank == 1 and isinstance(err.__cause__, KeyError) and "bad expert 17" in str(err)
+    assert isinstance(err.rank_errors[0], RankFailedError) and isinstance(err.rank_errors[2], RankFailedError)
+    assert "rank 1" in str(err.rank_errors[0]) and not leftovers(err.prefix)
+    assert time.monotonic() - t0 < 60  # the others did not wait for their timeout
+
+
+def test_early_exit_and_os_exit_are_reported():
+    with pytest.raises(RankFailedError, match="rank 0 finished without reaching barrier"):
+        spawn(exits_early, 2)
+    with pytest.raises(RankFailedError, match="rank 2 exited with code 3") as info:
+        spawn(exits_hard, 3, start_method="forkserver")
+    assert not leftovers(info.value.prefix)
+
+
+def killed_rank(rank, num_ranks):
+    _, _, group = init_dist(rank, num_ranks)
+    buf = SymmetricBuffer(group, 1 << 16)
+    group.barrier()
+    if rank == 1:
+        # a segment still named when the rank dies: only the supervisor can remove it
+        _shm.create(group.new_segment_name("orphan"), 4096)
+        os.kill(os.getpid(), signal.SIGKILL)
+    group.barrier()
+    buf.local[:] = 1
+    group.barrier()
+
+
+def test_killed_rank_leaves_no_segment_and_the_others_fail_clearly():
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError, match="rank 1 was killed by SIGKILL") as info:
+        spawn(killed_rank, 4)
+    err = info.value
+    assert err.failed_rank == 1 and err.prefix.startswith(_shm.SEGMENT_PREFIX)
+    for rank in (0, 2, 3):
+        assert isinstance(err.rank_errors[rank], RankFailedError), err.rank_errors[rank]
+        assert "rank 1" in str(err.rank_errors[rank])
+    assert not leftovers(err.prefix)
+    assert time.monotonic() - t0 < 60
+
+
+def hangs(rank, num_ranks):
+    _, _, group = init_dist(rank, num_ranks)
+    if rank == 1:
+        time.sleep(120)
+    group.barrier()
+
+
+def test_hung_rank_times_out():
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError, match="timed out") as info:
+        spawn(hangs, 2, timeout=5, rank_timeout=2)
+    assert time.monotonic() - t0 < 40 and not leftovers(info.value.prefix)
+
+
+def test_spawn_checks_its_arguments():
+    with pytest.raises(ValueError, match="num_ranks"):
+        spawn(hangs, 0)
+    with pytest.raises(ValueError, match="start_method"):
+        spawn(hangs, 2, start_method="fork")
+    with pytest.raises(TypeError, match="callable"):
+        spawn(None, 2)
