@@ -1,12 +1,15 @@
-"""Check the Ascend cost model against DeepGEMM-Ascend's published 950DT measurements, row by row.
+"""Check the Ascend cost model against DeepGEMM-Ascend's published 950DT measurements, every kernel family.
 
-Prints each published row beside the modelled time, the error, the model's terms (what binds, Cube / MTE2 / L2 /
-HBM / fill / launch time of the chosen config, the copy overhead) and the modelled achieved HBM bandwidth, then the
-median and the largest absolute error; exits non-zero when the model misses the bar (median <= 3 %, every row
-<= 10 %). Writes a plot (``--plot``, default sweep_out/model_check.png) of modelled against published time, and of the
-modelled achieved HBM bandwidth against M for the DeepSeek (N, K) pairs. ``--sensitivity`` moves each figure the
-model rests on by -20 % and +20 % (re-choosing configs, as the heuristic would) and prints how far each row moves.
-The published numbers are copied here as data; nothing outside the package is read at run time.
+Prints every published row of every family (``deep_gemm.estimate.published.published_checks()``: dense GEMMs, MQA
+logits, the HC pre-norm GEMM, Mega MoE, ... as each estimator module joins FAMILY_MODULES) beside the modelled time,
+its error and what binds, then the median and the largest absolute error over all rows; exits non-zero when the
+model misses the bar (issue 25: median <= 5 %, every row <= 15 %). For the GEMM rows it also prints the model's terms
+(Cube / MTE2 / L2 / HBM / fill time of the chosen config, the copy overhead, the active cores) and the public 950
+measurements of ascend_memory_latency.md. Writes a plot (``--plot``, default sweep_out/model_check.png): modelled
+against published time for every row, and each row's error against the bar. ``--sensitivity`` moves each figure the
+GEMM model rests on by -20 % and +20 % (re-choosing configs, as the heuristic would) and prints how far each GEMM row
+moves. The published numbers live beside each estimator (deep_gemm/estimate/<stem>.py); nothing outside the package
+is read at run time.
 
     python bench/model_check.py [--arch 950DT] [--plot sweep_out/model_check.png] [--sensitivity]
 """
@@ -22,28 +25,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-# Source: DeepGEMM-Ascend README (release 2026-09-30): Ascend 950DT, CANN 9.20, bench_msprof, cold L2 (a buffer of
-# twice the L2 size zeroed before each of 30 timed runs, after 10 warm-ups). The vendor's figures, not reproduced.
-# (kind, A x B dtypes, M, N, K, microseconds, TFLOPS, GB/s or None), in the README's order; the M = 128 rows last.
-PUBLISHED: tuple[tuple[str, str, int, int, int, float, float, float | None], ...] = (
-    ("dense", "fp4xfp4", 4096, 7168, 16384, 565.6, 1701, None),
-    ("dense", "fp8xfp4", 4096, 7168, 16384, 1117.8, 861, None),
-    ("dense", "fp8xfp8", 4096, 7168, 16384, 1117.6, 861, None),
-    ("dense", "bf16xbf16", 4096, 7168, 16384, 2229.9, 431, None),
-    ("dense", "fp8xfp8", 4096, 2112, 7168, 156.9, 790, 319),
-    ("dense", "fp8xfp8", 4096, 576, 7168, 54.6, 619, 689),
-    ("dense", "fp8xfp8", 4096, 24576, 1536, 362.2, 854, 137),
-    ("dense", "fp8xfp8", 4096, 32768, 512, 164.3, 837, 129),
-    ("dense", "fp8xfp8", 4096, 7168, 16384, 1117.6, 861, 186),
-    ("dense", "fp8xfp8", 4096, 4096, 7168, 282.9, 850, 234),
-    ("dense", "fp8xfp8", 4096, 7168, 2048, 143.4, 838, 181),
-    ("dense", "fp8xfp8", 128, 2112, 7168, 15.0, 258, 1205),
-    ("dense", "fp8xfp8", 128, 32768, 512, 10.4, 415, 1829),
-    ("dense", "fp8xfp8", 128, 7168, 16384, 54.8, 549, 2456),
-)
+from deep_gemm.estimate.gemm import PUBLISHED  # the dense rows: the GEMM terms and --sensitivity
+
 ARCH = "950DT"
-MAX_MEDIAN_ERROR = 0.03
-MAX_ROW_ERROR = 0.10
+MAX_MEDIAN_ERROR = 0.05
+MAX_ROW_ERROR = 0.15
 SENSITIVITY_STEP = 0.20
 PLOT_MS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
@@ -108,7 +94,7 @@ def summarize(rows: list[CheckRow]) -> tuple[float, float]:
 
 
 def print_rows(rows: list[CheckRow], arch: str) -> None:
-    print(f"Published DeepGEMM-Ascend 950DT measurements vs the cost model (modelled on {arch}, all cores)")
+    print(f"\nGEMM rows in detail (modelled on {arch}, all cores)")
     print("terms: modelled busy time (us) of the busiest core's Cube and MTE2 (GM -> L1), the chip's L2 and HBM "
           "traffic, pipeline fill + drain, launch; ovh = MTE2 copy issue + exposed latency; HBM GB/s = HBM bytes / "
           "time (published: the README's GB/s column)")
@@ -274,57 +260,81 @@ def print_sensitivity(rows: list[CheckRow], table, step: float) -> None:
         print(f"{'':<28} {'':<9} {'':>12}  source: {figure.source}")
 
 
+# All families ----------------------------------------------------------------------------------------------------
+
+
+def all_checks(arch: str = ARCH):
+    """Every family's published rows beside the model (deep_gemm.estimate.published.published_checks)."""
+    from deep_gemm.estimate.published import published_checks
+
+    return published_checks(arch)
+
+
+def summarize_checks(checks) -> tuple[float, float]:
+    """(median, max) absolute relative error over every published row."""
+    errors = [abs(c.error) for c in checks]
+    return statistics.median(errors), max(errors)
+
+
+def print_checks(checks, arch: str) -> None:
+    print(f"Published DeepGEMM-Ascend 950DT measurements vs the cost model, every kernel family (modelled on {arch}, "
+          f"all cores)")
+    fw = max(len("family"), *(len(c.family) for c in checks))
+    pw = max(len("problem"), *(len(c.problem) for c in checks))
+    header = f"{'family':<{fw}} {'problem':<{pw}} {'pub us':>9} {'model us':>9} {'error':>7}  bound"
+    print(header)
+    print("-" * len(header))
+    for c in checks:
+        print(f"{c.family:<{fw}} {c.problem:<{pw}} {c.published_us:>9.1f} {c.modelled_us:>9.1f} "
+              f"{100 * c.error:>+6.1f}%  {c.bound}")
+    families = sorted({c.family for c in checks})
+    per = {f: [abs(c.error) for c in checks if c.family == f] for f in families}
+    for f, e in per.items():
+        print(f"  {f:<{fw}} {len(e):>3} rows, median |error| {100 * statistics.median(e):.1f} %, "
+              f"max {100 * max(e):.1f} %")
+
+
 # Plot ------------------------------------------------------------------------------------------------------------
 
 
-def write_plot(rows: list[CheckRow], path: str | Path, arch_name: str) -> Path:
-    """Left: modelled vs published time (log-log, the y = x line and +-10 %). Right: modelled achieved HBM
-    bandwidth (HBM bytes / modelled time) against M for the DeepSeek (N, K) pairs, FP8, with the published rows'
-    bandwidth (the model's HBM bytes over the published time) as points."""
+def write_plot(checks, path: str | Path, arch_name: str) -> Path:
+    """Left, "does the model predict each published time?": modelled against published time for every row (log-log,
+    one marker per family, the y = x line and the +-15 % band). Right, "how far off is each row, against the bar?":
+    each row's signed error as a horizontal bar, coloured by family, with the +-5 % and +-15 % lines."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from shapes import DEEPSEEK_NK
-
-    from deep_gemm.heuristics import get_arch
-    from deep_gemm.heuristics.select import get_best_config_and_cost
-
-    spec = get_arch(arch_name)
-    fig, (ax_t, ax_bw) = plt.subplots(1, 2, figsize=(14, 6))
-    meas = [r.measured_us for r in rows]
-    lo, hi = min(meas) / 1.5, max(meas) * 1.5
+    families = sorted({c.family for c in checks})
+    colours = {f: plt.get_cmap("tab10")(i % 10) for i, f in enumerate(families)}
+    markers = dict(zip(families, "osD^vP*X<>", strict=False))
+    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(16, max(6.0, 0.28 * len(checks) + 1.5)),
+                                     gridspec_kw={"width_ratios": [1, 1.2]})
+    pub = [c.published_us for c in checks]
+    lo, hi = min(pub) / 1.6, max(pub) * 1.6
+    ax_t.fill_between([lo, hi], [lo / 1.15, hi / 1.15], [lo * 1.15, hi * 1.15], color="0.9", label="within 15 %")
     ax_t.plot([lo, hi], [lo, hi], "k-", lw=1, label="modelled = published")
-    ax_t.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.9", label="+-10 %")
-    for dtypes in sorted({r.dtypes for r in rows}):
-        sel = [r for r in rows if r.dtypes == dtypes]
-        ax_t.scatter([r.measured_us for r in sel], [r.modelled_us for r in sel], label=dtypes, zorder=3)
-    for r in rows:
-        ax_t.annotate(f"{r.m}x{r.n}x{r.k}", (r.measured_us, r.modelled_us), fontsize=6, xytext=(3, -8),
-                      textcoords="offset points")
-    ax_t.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="published time (us)",
-             ylabel=f"modelled time (us), {spec.name}", title="Modelled vs published (DeepGEMM-Ascend 950DT)")
-    ax_t.legend(fontsize=8)
+    for f in families:
+        sel = [c for c in checks if c.family == f]
+        ax_t.scatter([c.published_us for c in sel], [c.modelled_us for c in sel], color=colours[f],
+                     marker=markers.get(f, "o"), s=36, label=f, zorder=3)
+    ax_t.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="published time (us, 950DT)",
+             ylabel=f"modelled time (us, {arch_name})", title="Modelled vs published kernel time, every row")
+    ax_t.legend(fontsize=8, loc="upper left")
 
-    for n, k in DEEPSEEK_NK:
-        bws = []
-        for m in PLOT_MS:
-            _, cost = get_best_config_and_cost(_desc("fp8xfp8", m, n, k, arch=spec), spec)
-            bws.append(cost.achieved_hbm_bytes_per_s / 1e12)
-        ax_bw.plot(PLOT_MS, bws, marker=".", lw=1, label=f"N={n} K={k}")
-    for r in rows:
-        if r.dtypes == "fp8xfp8" and (r.n, r.k) in DEEPSEEK_NK:
-            ax_bw.scatter([r.m], [r.hbm_bytes / (r.measured_us * 1e-6) / 1e12], marker="x", color="k", zorder=3)
-    ax_bw.axhline(spec.hbm_bytes_per_s / 1e12, color="k", ls="--", lw=1, label="HBM in the model")
-    ax_bw.set(xscale="log", xlabel="M", ylabel="modelled achieved HBM bandwidth (TB/s)",
-              title=f"FP8, DeepSeek (N, K) pairs, modelled {spec.name} (x: published time)")
-    ax_bw.legend(fontsize=7, ncol=2)
+    ys = list(range(len(checks)))[::-1]
+    ax_e.barh(ys, [100 * c.error for c in checks], color=[colours[c.family] for c in checks])
+    ax_e.set_yticks(ys, [f"{c.family}: {c.problem}" for c in checks], fontsize=7)
+    for x, style in ((5, "--"), (-5, "--"), (15, ":"), (-15, ":")):
+        ax_e.axvline(x, color="k", ls=style, lw=1)
+    ax_e.axvline(0, color="k", lw=0.5)
+    ax_e.set(xlabel="model error (%): (modelled - published) / published",
+             title="Error per row (dashed: median bar 5 %, dotted: row bar 15 %)")
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
@@ -333,17 +343,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default=ARCH, help="modelled NPU (the published rows are 950DT)")
     parser.add_argument("--plot", default="sweep_out/model_check.png", help="where to write the plot ('' for none)")
-    parser.add_argument("--sensitivity", action="store_true", help="scale each figure by -+20 %% and show the moves")
+    parser.add_argument("--sensitivity", action="store_true",
+                        help="scale each GEMM figure by -+20 %% and show the GEMM rows' moves")
     args = parser.parse_args(argv)
+    checks = all_checks(args.arch)
+    print_checks(checks, args.arch)
+    median, worst = summarize_checks(checks)
+    ok = median <= MAX_MEDIAN_ERROR and worst <= MAX_ROW_ERROR
+    print(f"{len(checks)} rows: median |error| {100 * median:.2f} % (bar {100 * MAX_MEDIAN_ERROR:.0f} %), "
+          f"max |error| {100 * worst:.2f} % (bar {100 * MAX_ROW_ERROR:.0f} %): {'PASS' if ok else 'FAIL'}")
     rows = check(args.arch)
     print_rows(rows, args.arch)
-    median, worst = summarize(rows)
-    ok = median <= MAX_MEDIAN_ERROR and worst <= MAX_ROW_ERROR
-    print(f"median |error| {100 * median:.2f} % (bar {100 * MAX_MEDIAN_ERROR:.0f} %), "
-          f"max |error| {100 * worst:.2f} % (bar {100 * MAX_ROW_ERROR:.0f} %): {'PASS' if ok else 'FAIL'}")
     print_public_950(check_public_950())
     if args.plot:
-        print(f"wrote {write_plot(rows, args.plot, args.arch)}")
+        print(f"wrote {write_plot(checks, args.plot, args.arch)}")
     if args.sensitivity:
         print_sensitivity(rows, sensitivity(rows, args.arch), SENSITIVITY_STEP)
     return 0 if ok else 1

@@ -11,6 +11,7 @@ import numbers
 from dataclasses import dataclass
 
 from ..arch import ARCHS, ArchSpec
+from ..arch import get_arch as get_arch_spec
 from ..heuristics.config import (
     DTYPE_BITS,
     DTYPE_PAIRS,
@@ -262,3 +263,51 @@ def _cli_int(name: str):
     parse.__name__ = name
     return parse
 
+
+
+# Published rows ----------------------------------------------------------------------------------------------
+
+# Source: DeepGEMM-Ascend README (release 2026-09-30): Ascend 950DT, CANN 9.20, bench_msprof, cold L2 (a buffer of
+# twice the L2 size zeroed before each of 30 timed runs, after 10 warm-ups). The vendor's figures, not reproduced.
+# (kind, A x B dtypes, M, N, K, microseconds, TFLOPS, GB/s or None), in the README's order; the M = 128 rows last.
+# NOTES: the reference (shared published_results.md) has no M-grouped rows; an M-grouped row would be kind
+# "m_grouped_contiguous" with its group count.
+PUBLISHED: tuple[tuple[str, str, int, int, int, float, float, float | None], ...] = (
+    ("dense", "fp4xfp4", 4096, 7168, 16384, 565.6, 1701, None),
+    ("dense", "fp8xfp4", 4096, 7168, 16384, 1117.8, 861, None),
+    ("dense", "fp8xfp8", 4096, 7168, 16384, 1117.6, 861, None),
+    ("dense", "bf16xbf16", 4096, 7168, 16384, 2229.9, 431, None),
+    ("dense", "fp8xfp8", 4096, 2112, 7168, 156.9, 790, 319),
+    ("dense", "fp8xfp8", 4096, 576, 7168, 54.6, 619, 689),
+    ("dense", "fp8xfp8", 4096, 24576, 1536, 362.2, 854, 137),
+    ("dense", "fp8xfp8", 4096, 32768, 512, 164.3, 837, 129),
+    ("dense", "fp8xfp8", 4096, 7168, 16384, 1117.6, 861, 186),
+    ("dense", "fp8xfp8", 4096, 4096, 7168, 282.9, 850, 234),
+    ("dense", "fp8xfp8", 4096, 7168, 2048, 143.4, 838, 181),
+    ("dense", "fp8xfp8", 128, 2112, 7168, 15.0, 258, 1205),
+    ("dense", "fp8xfp8", 128, 32768, 512, 10.4, 415, 1829),
+    ("dense", "fp8xfp8", 128, 7168, 16384, 54.8, 549, 2456),
+)
+_GEMM_TYPES = {"dense": "normal"}
+_SOURCE = "DeepGEMM-Ascend README 2026-09-30 (950DT, CANN 9.20, bench_msprof, cold L2)"
+
+
+def published_checks(arch: str = "950DT"):
+    """The published dense (and M-grouped, when the vendor publishes them) rows beside the model on ``arch`` with
+    all its AI cores, the config ``get_best_config`` picks."""
+    from .published import PublishedCheck
+
+    spec = get_arch_spec(arch)
+    rows = []
+    for kind, dtypes, m, n, k, us, _tflops, _gbs in PUBLISHED:
+        a_dtype, b_dtype = dtypes.split("x")
+        desc = GemmDesc(m, n, k, a_dtype, b_dtype, gemm_type=_GEMM_TYPES[kind], num_ai_cores=spec.num_ai_cores)
+        config, cost = get_best_config_and_cost(desc, spec)
+        terms = (("cube", cost.cube_s * 1e6), ("mte2", cost.mte2_s * 1e6), ("l2", cost.l2_s * 1e6),
+                 ("hbm", cost.hbm_s * 1e6), ("fill", cost.fill_s * 1e6), ("launch", cost.launch_s * 1e6),
+                 ("overhead", cost.copy_overhead_s * 1e6))
+        rows.append(PublishedCheck(
+            family="bf16_gemm_nt" if a_dtype == "bf16" else "fp8_fp4_gemm_nt",
+            problem=f"{kind} {dtypes} M={m} N={n} K={k}", published_us=us, modelled_us=cost.time_s * 1e6,
+            bound=cost.bound, source=_SOURCE, terms=terms))
+    return rows

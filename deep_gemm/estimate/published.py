@@ -11,7 +11,7 @@ import importlib
 from dataclasses import dataclass
 
 # NOTES: one entry per kernel family with published figures, in model_check's print order.
-FAMILY_MODULES = ("gemm", "mqa_logits", "hc_prenorm")
+FAMILY_MODULES = ("gemm", "mqa_logits", "hc_prenorm", "mega_moe", "flash_mla")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """HC pre-norm GEMM launcher: D = A @ B^T in HF32 and the row sums of squares of A, K split into partial sums,
-through templates/tf32_hc_prenorm_gemm.asc.j2 (the kernel family TF32_HC_PRENORM_GEMM). Inputs arrive validated
-(api/hc_prenorm.py).
+through templates/tf32_hc_prenorm_gemm.asc.j2 (the kernel family TF32_HC_PRENORM_GEMM; DeepGEMM-Ascend's structure:
+heuristics/hc_prenorm.py). Inputs arrive validated (api/hc_prenorm.py).
 """
 
 from __future__ import annotations
@@ -15,24 +15,20 @@ from .family import KernelFamily, PreparedKernel
 
 
 def _template_constants(desc: HcPrenormDesc, config: HcPrenormConfig, arch: ArchSpec) -> dict[str, object]:
-    """The template's constants: the config's, N and K compiled in (M is a runtime dim), the GEMM library's fixed
-    choices for this kernel (K-major bf16 A, fp32 B in HF32, fp32 D, no swizzle, L0 double buffering)."""
+    """The template's constants: the config's, N and K compiled in (M is a runtime dim), the UB size."""
     from ..device.capacity import arch_capacity  # imports numba
 
     consts = config.template_constants()
-    consts.update(
-        SHAPE_M=0, SHAPE_N=desc.n, SHAPE_K=desc.k, MAJOR_A="k", MAJOR_B="k", A_DTYPE="bf16", B_DTYPE="tf32",
-        OUT_DTYPE="fp32", WITH_ACCUMULATION=False, RESIDENT_A=False, GEMM_TYPE="normal", PATH="cube",
-        NUM_L0_STAGES=2, NUM_L0C_STAGES=2, SWIZZLE_GROUP_M=1, MAD_K=config.mad_k, UB_BYTES=arch.ub_bytes,
-        CUBE_L0_BF16=False,  # TF32 B is not exact in bf16: fp32 L0 and the FMA micro-kernel
-    )
-    # NOTES: the chip's buffers, as the GEMM families check theirs (the L0 operands are fp32 on the stand-in and in
-    # HF32 on the chip: 4 bytes either way).
+    consts.update(SHAPE_N=desc.n, SHAPE_K=desc.k, UB_BYTES=arch.ub_bytes)
+    # NOTES: the chip's buffers, as the GEMM families check theirs: L1 holds one hidden block of B (the A tiles reach
+    # L1 from the AIVs' UB, read in place on the stand-in); the L0 operands are fp32 (HF32 on the chip: 4 bytes).
     cap = arch_capacity(arch)
+    half = config.block_m // 2
+    l0b_slots = config.block_k // config.mad_k if config.keep_l0b else 2
     need = {
-        "L1": config.num_l1_stages * config.block_k * (config.block_m * 2 + config.block_n * 4),
-        "L0A": 2 * config.block_m * config.mad_k * 4, "L0B": 2 * config.block_n * config.mad_k * 4,
-        "L0C": 2 * config.block_m * config.block_n * 4,
+        "L1": config.block_n * config.block_k * 4 + config.num_cast_stages * 2 * half * config.block_k * 4,
+        "L0A": 2 * half * config.mad_k * 4, "L0B": l0b_slots * config.block_n * config.mad_k * 4,
+        "L0C": config.num_l0c_stages * config.block_m * config.block_n * 4,
     }
     for name, nbytes in need.items():
         if nbytes > cap[name]:
