@@ -16,9 +16,11 @@ from deep_gemm.jit.render import default_template_dir
 from deep_gemm.kernels.bf16_gemm import BF16_GEMM
 from deep_gemm.kernels.common import prepare_gemm
 from deep_gemm.kernels.family import FAMILIES, KernelFamily
+from deep_gemm.kernels.flash_mla import FLASH_MLA_DECODE, FLASH_MLA_PREFILL  # noqa: F401 (registers the families)
 from deep_gemm.kernels.fp8_gemm import FP8_GEMM
 from deep_gemm.kernels.hc_prenorm import TF32_HC_PRENORM_GEMM
 from deep_gemm.kernels.mqa_logits import MQA_LOGITS, PAGED_MQA_LOGITS
+from deep_gemm.kernels.topk import TOPK  # noqa: F401 (registers the family)
 
 CONFIG = GemmConfig(block_m=64, block_n=64, block_k=128, mad_m=32, mad_n=32, mad_k=64, num_l1_stages=2,
                     num_ai_cores=7)
