@@ -13,7 +13,12 @@ Semantics are DeepEP's reference functions (deep_gemm/ep/reference.py), bitwise:
 expert elsewhere (or a -1 route); expanded rows expert by expert, within an expert in received order (a token's
 slots in top-k order), alignment padding zero; combine (expanded) sums a token's local rows in fp32 in top-k order
 and rounds once on the expert's rank, then the source sums the ranks' rows in fp32 in top-k order (a rank counted at
-its last slot of the token) from the bias and rounds once. Combine never multiplies by weights (as DeepEP's);
+its last slot of the token) from the bias and rounds once (DeepEP's default ``allow_multiple_reduction=True``).
+With ``ElasticBuffer(..., allow_multiple_reduction=False)`` an expanded combine reduces once: every expanded row
+goes back unreduced and the source sums all of a token's top-k rows in fp32 in top-k order from the bias, rounding
+once (upstream's reference ``combine(..., reduce_in_local=False)``); it takes no ``topk_weights`` (as DeepEP's
+expanded send). A plain combine's rows are already one per (token, rank), so it is the same under both settings
+(one scale-up domain here: no hybrid mode). Combine never multiplies by weights (as DeepEP's);
 ``combined_topk_weights[t, k]`` is what the owner of slot k sent back (0 for a -1 slot).
 
 Movement: on one host every row is a store by the sending rank into the receiving rank's symmetric buffer (numpy
@@ -117,21 +122,29 @@ class ElasticBuffer:
                  allow_multiple_reduction: bool = True, prefer_overlap_with_compute: bool = True, sl_idx: int = 3,
                  num_allocated_qps: int = 0, num_cpu_timeout_secs: int = 300, num_gpu_timeout_secs: int = 100,
                  explicitly_destroy: bool = False):
+        if not isinstance(allow_multiple_reduction, (bool, np.bool_)):
+            raise TypeError(f"allow_multiple_reduction must be a bool: {allow_multiple_reduction=}")
         self.group = as_group(group)
         self.rank_idx, self.num_ranks = self.group.rank, self.group.num_ranks
         self.num_max_tokens_per_rank = int(num_max_tokens_per_rank)
         self.deterministic = True  # NOTES: the CPU order is always the sorted (deterministic) one
+        self.allow_multiple_reduction = bool(allow_multiple_reduction)
         self.explicitly_destroy = explicitly_destroy
         if num_bytes is None and num_max_tokens_per_rank and hidden and num_topk:
-            num_bytes = 2 * self.get_buffer_size_hint(num_max_tokens_per_rank, hidden, num_topk, self.num_ranks)
+            num_bytes = 2 * self.get_buffer_size_hint(num_max_tokens_per_rank, hidden, num_topk, self.num_ranks,
+                                                      allow_multiple_reduction=self.allow_multiple_reduction)
         self.transport = Transport(self.group, int(num_bytes or 0))
 
     @staticmethod
     def get_buffer_size_hint(num_max_tokens_per_rank: int, hidden: int, num_topk: int, num_ranks: int,
-                             sf_bytes_per_token: int | None = None) -> int:
-        """Bytes one region needs for bf16 dispatch (FP8 with fp32 scales per 128 fits too) and combine."""
+                             sf_bytes_per_token: int | None = None, allow_multiple_reduction: bool = True) -> int:
+        """Bytes one region needs for bf16 dispatch (FP8 with fp32 scales per 128 fits too) and combine (without
+        multiple reduction an expanded combine returns up to ``num_topk`` rows per token, as DeepEP's buffer)."""
         sf = 4 * -(-hidden // 128) if sf_bytes_per_token is None else sf_bytes_per_token
-        return region_bytes(num_ranks, num_max_tokens_per_rank, [2 * hidden, sf, 8 * num_topk, 4 * num_topk, 4])
+        need = region_bytes(num_ranks, num_max_tokens_per_rank, [2 * hidden, sf, 8 * num_topk, 4 * num_topk, 4])
+        if not allow_multiple_reduction:
+            need = max(need, region_bytes(num_ranks, num_max_tokens_per_rank * max(num_topk, 1), [2 * hidden]))
+        return need
 
     @property
     def rank(self) -> int:
@@ -339,7 +352,8 @@ class ElasticBuffer:
                  previous_event=None, previous_event_before_epilogue=None, async_with_compute_stream: bool = False,
                  allocate_on_comm_stream: bool = False):
         """``(combined_x [T, H], combined_topk_weights [T, K] or None, event)``: the reverse of ``handle``'s
-        dispatch, ``x`` one row per received token (plain) or per expanded row (expanded)."""
+        dispatch, ``x`` one row per received token (plain) or per expanded row (expanded); the buffer's
+        ``allow_multiple_reduction`` picks the expanded reduction (see the module docstring)."""
         # Argument checks
         if not isinstance(handle, EPHandle):
             raise TypeError(f"combine needs the EPHandle dispatch returned: {type(handle).__name__}")
@@ -365,6 +379,11 @@ class ElasticBuffer:
         for b in biases:
             if b.shape != (num_tokens, hidden):
                 raise ValueError(f"bias must be [{num_tokens}, {hidden}]: {b.shape=}")
+        if handle.do_expand and not self.allow_multiple_reduction:
+            if topk_weights is not None:
+                raise ValueError("an expanded combine without multiple reduction takes topk_weights=None (as "
+                                 "DeepEP's: the rows go back unreduced, weights only with allow_multiple_reduction)")
+            return self._combine_single_reduction(x, handle, biases) + (EventOverlap(),)
 
         # Local reduce: one row per received token (expanded: its local rows summed in fp32 in top-k order)
         local = handle.recv_topk_idx >= 0
@@ -422,5 +441,44 @@ class ElasticBuffer:
                     tokens = np.nonzero(owner[:, k] == r)[0]
                     combined_w[tokens, k] = w_back[r][pos[r, tokens], k]
         return combined, combined_w, EventOverlap()
+
+    def _combine_single_reduction(self, x: np.ndarray, handle: EPHandle, biases: tuple):
+        """Expanded combine with ``allow_multiple_reduction=False``: every expanded row goes back unreduced (a
+        received token's rows in top-k order), and the source sums all of a token's top-k rows once, in fp32 in
+        top-k order from the bias (a -1 slot adds zero), one rounding."""
+        num_topk = handle.recv_topk_idx.shape[1]
+        num_tokens, hidden = handle.topk_idx.shape[0], x.shape[1]
+        rows = handle.recv_src_metadata[:, 2:]
+
+        # Exchange back: per source rank, its received tokens' rows on this rank, token by token in top-k order
+        x_rows = _byte_rows(x)
+        bounds = np.concatenate([[0], np.cumsum(handle.recv_counts)])
+        sends = []
+        for src in range(self.num_ranks):
+            block = rows[int(bounds[src]): int(bounds[src + 1])]
+            sends.append([(x_rows, block[block >= 0].astype(np.int64))])
+        received = self.transport.exchange(1, handle.num_max_tokens_per_rank * num_topk, [x_rows.shape[1]], sends)
+
+        # Where each (token, slot) row landed: rank r's rows follow its tokens in order, then their slots on r
+        num_local = handle.num_experts // self.num_ranks
+        owner = np.where(handle.topk_idx >= 0, handle.topk_idx // num_local, -1)
+        back = [np.ascontiguousarray(f[0]).view(x.dtype).reshape(-1, hidden) for f in received]
+        offsets = np.concatenate([[0], np.cumsum([b.shape[0] for b in back])]).astype(np.int64)
+        every = np.concatenate(back + [np.zeros((1, hidden), x.dtype)], axis=0)  # last row: the zero of a -1 slot
+        where = np.full((num_tokens, num_topk), offsets[-1], np.int64)
+        for r, tokens in enumerate(handle.send_tokens):
+            i, k = np.nonzero(owner[tokens] == r)  # row-major, as the sender's block[block >= 0]
+            if i.size != back[r].shape[0]:
+                raise RuntimeError(f"rank {r} sent {back[r].shape[0]} rows back for {i.size} routes")
+            where[tokens[i], k] = offsets[r] + np.arange(i.size)
+
+        acc = np.zeros((num_tokens, hidden), np.float32)
+        if len(biases) == 1:
+            acc = biases[0].astype(np.float32)
+        elif len(biases) == 2:
+            acc = biases[0].astype(np.float32) + biases[1].astype(np.float32)
+        for k in range(num_topk):
+            acc += every[where[:, k]].astype(np.float32)
+        return acc.astype(x.dtype), None
 
     combine = accepts_torch(_combine)

@@ -11,6 +11,9 @@ a real multi-process dispatch against it.
   rank from the per-route expert outputs ``y [T, K, H]``: optionally a grouped reduce per destination rank (the slots
   of one rank summed in fp32 in top-k order, rounded once, placed at that rank's last slot), then
   ``ordered_accumulate``: fp32 over the K slots in order from the bias (or zero), rounded once to ``y``'s dtype.
+  ``reduce_in_local=True`` is an ElasticBuffer's combine with ``allow_multiple_reduction=True`` (the default; and
+  any plain combine), ``reduce_in_local=False`` its expanded combine with ``allow_multiple_reduction=False`` (one
+  reduction at the source over all top-k rows), as upstream's ``(True, False)`` and ``(False, False)`` recipes.
 - ``ordered_accumulate(data [T, K, H], initial_value=None)``, ``grouped_reduce(data, group_id)``.
 - ``generate_pre_combine_data(src_token_global_idx, num_max_tokens_per_rank, num_topk, hidden, num_ranks, seed=0)``:
   deterministic per-route bf16 rows (a sine of the route's seed), as DeepEP's tests build combine inputs.

@@ -289,3 +289,82 @@ def test_combine_data_shows_the_accumulation_order():
         flat = reference.combine(y, idx, 8, num_ranks, reduce_in_local=False)
         changed += int((ref.view(np.uint16) != flat.view(np.uint16)).any(axis=1).sum())
     assert changed > 0
+
+
+def run_single_reduction(rank, num_ranks, cases):
+    """Expanded combine under both allow_multiple_reduction settings, against upstream's two reference recipes."""
+    _, _, group = init_dist(rank, num_ranks)
+    t_cap = max(max(c["tokens"]) for c in cases)
+    multi = ElasticBuffer(group, num_max_tokens_per_rank=t_cap, hidden=512, num_topk=4)
+    single = ElasticBuffer(group, num_max_tokens_per_rank=t_cap, hidden=512, num_topk=4,
+                           allow_multiple_reduction=False)
+    assert multi.allow_multiple_reduction is True and single.allow_multiple_reduction is False
+    changed = []
+    for case in cases:
+        xs, idxs, ws = make_inputs(case, num_ranks)
+        t_max, num_experts, num_topk, hidden = max(case["tokens"]), case["num_experts"], case["num_topk"], \
+            case["hidden"]
+        x, topk_idx, topk_w = xs[rank], idxs[rank], ws[rank]
+        num_tokens = topk_idx.shape[0]
+        src_y = route_data(rank * t_max + np.arange(num_tokens), t_max, num_topk, hidden, num_ranks, case["seed"])
+        src_y[topk_idx < 0] = 0
+        bias = None
+        if case.get("bias"):
+            rng = np.random.default_rng(case["seed"] + rank)
+            bias = tuple(rng.standard_normal((num_tokens, hidden)).astype(BF16_DTYPE) for _ in range(case["bias"]))
+            bias = bias[0] if len(bias) == 1 else bias
+        ref_multi = reference.combine(src_y, topk_idx, num_experts, num_ranks, bias)
+        ref_single = reference.combine(src_y, topk_idx, num_experts, num_ranks, bias, reduce_in_local=False)
+        changed.append(int((ref_multi.view(np.uint16) != ref_single.view(np.uint16)).any(axis=1).sum()))
+        for buffer, ref, what in ((multi, ref_multi, "multiple"), (single, ref_single, "single")):
+            _, _, ex_w, handle, _ = buffer.dispatch(
+                x, topk_idx=topk_idx, topk_weights=topk_w, num_experts=num_experts, num_max_tokens_per_rank=t_max,
+                expert_alignment=case["alignment"], do_expand=True)
+            ref_src = handle.recv_src_metadata[:, 0]
+            gen = route_data(ref_src, t_max, num_topk, hidden, num_ranks, case["seed"])
+            expert_out = np.zeros((handle.num_expanded_tokens, hidden), BF16_DTYPE)
+            meta = handle.recv_src_metadata[:, 2:]
+            j, k = np.nonzero(meta >= 0)
+            expert_out[meta[j, k]] = gen[j, k]
+            y, y_w, _ = buffer.combine(expert_out, handle, bias=bias)
+            same(y, ref, f"combined (expanded, {what} reduction)")
+            assert y_w is None
+            # A plain combine's rows are one per (token, rank) already: the same under both settings
+            _, recv_idx, _, plain, _ = buffer.dispatch(x, topk_idx=topk_idx, num_experts=num_experts,
+                                                       num_max_tokens_per_rank=t_max)
+            gen[recv_idx < 0] = 0
+            y2, _, _ = buffer.combine(reference.ordered_accumulate(gen), plain, bias=bias)
+            same(y2, ref_multi, f"combined (plain, {what} reduction)")
+    multi.destroy()
+    single.destroy()
+    return changed
+
+
+@pytest.mark.parametrize("num_ranks", [2, 4])
+def test_combine_without_multiple_reduction_bitwise(num_ranks):
+    cases = [dict(c, num_experts=max(c["num_experts"], num_ranks)) for c in CASES]
+    changed = spawn(run_single_reduction, num_ranks, cases, timeout=300)
+    assert len(changed) == num_ranks
+    # The two settings differ in the bits on this data, so each comparison above can fail
+    assert sum(sum(c) for c in changed) > 0
+
+
+def test_combine_without_multiple_reduction_refuses_bad_input():
+    _, _, group = init_dist(0, 1)
+    with pytest.raises(TypeError, match="allow_multiple_reduction"):
+        ElasticBuffer(group, allow_multiple_reduction="no")
+    buffer = ElasticBuffer(group, num_max_tokens_per_rank=8, hidden=64, num_topk=2, allow_multiple_reduction=False)
+    x = np.ones((6, 64), BF16_DTYPE)
+    idx = np.array([[0, 1], [1, -1], [2, 3], [3, 0], [-1, -1], [2, 1]], np.int64)
+    w = np.full((6, 2), 0.5, np.float32)
+    ex_x, _, ex_w, handle, _ = buffer.dispatch(x, topk_idx=idx, topk_weights=w, num_experts=4, do_expand=True)
+    before = buffer.transport.symm.local.copy()
+    with pytest.raises(ValueError, match="topk_weights=None"):
+        buffer.combine(ex_x, handle, topk_weights=ex_w)
+    with pytest.raises(ValueError, match="bias"):
+        buffer.combine(ex_x, handle, bias=np.zeros((5, 64), BF16_DTYPE))
+    assert np.array_equal(buffer.transport.symm.local, before)
+    y, y_w, _ = buffer.combine(ex_x, handle)
+    assert y_w is None
+    same(y, np.array([[2], [1], [2], [2], [0], [2]], np.float32).repeat(64, 1).astype(BF16_DTYPE), "combined")
+    buffer.destroy()
