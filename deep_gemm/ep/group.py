@@ -31,6 +31,19 @@ import numpy as np
 
 from . import _shm
 
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists. NOTES: not ``os.getppid() == pid``: under forkserver a rank's parent is the
+    fork server, not the process that called spawn."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 DEFAULT_TIMEOUT = 300.0  # seconds a barrier waits (DeepEP's num_cpu_timeout_secs default)
 HEARTBEAT_PERIOD = 0.5  # seconds between a rank's heartbeat stores
 # NOTES: a last resort only (spawn's supervisor sees a dead rank within a poll): a rank inside one long call that
@@ -209,7 +222,7 @@ class ShmGroup(_GroupBase):
         aborted, failed, reason = read_abort(self._mm)
         if aborted:
             raise RankFailedError(f"rank {self.rank}: aborting {waiting_for}because {reason}", failed)
-        if self._parent_pid is not None and os.getppid() != self._parent_pid:
+        if self._parent_pid is not None and not _alive(self._parent_pid):
             raise RankFailedError(f"rank {self.rank}: the launching process exited", -1)
         now = time.monotonic_ns()
         for peer in range(self.num_ranks):

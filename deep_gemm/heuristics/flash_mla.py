@@ -22,7 +22,7 @@ D_V = 512
 # NOTES: the deep dive's tile sizes along topk: 64 or 96; 64 is the one whose buffers fit with O in UB on both AIVs.
 # d_qk 576 (the V3.2 shape): a 64-token bf16 K tile (72 KiB) overflows the 64 KiB L0B, so 48 tokens.
 B_TOPK_CHOICES = (64, 48)
-# NOTES: "RESCALE_THRES ... usually set to 6 in our kernel" (the deep dive's skip-scale).
+# NOTES: the skip-rescale threshold is 6, the value the FlashMLA Ascend prefill deep dive gives.
 RESCALE_THRES = 6.0
 FORMATS = ("v41_fp8", "v32_fp8", "v41_fp4", "bf16")
 TOKEN_BYTES = {"v41_fp8": 528, "v32_fp8": 656, "v41_fp4": 288}

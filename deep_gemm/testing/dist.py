@@ -32,6 +32,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -40,6 +41,7 @@ import traceback
 from ..ep import _shm
 from ..ep.group import (
     DEFAULT_TIMEOUT,
+    STATUS_NEW,
     LocalGroup,
     RankFailedError,
     ShmGroup,
@@ -47,6 +49,7 @@ from ..ep.group import (
     control_nbytes,
     init_control,
     raise_abort,
+    rank_status,
     set_default_group,
 )
 
@@ -120,15 +123,17 @@ def spawn(fn, num_ranks: int, *args, timeout: float = 600.0, start_method: str =
     ctx = multiprocessing.get_context(start_method)
     prefix = _shm.new_run_prefix()
     control = f"{prefix}ctl"
-    mm = _shm.create(control, control_nbytes(num_ranks))
-    init_control(mm, num_ranks)
-    store_dir = tempfile.mkdtemp(prefix=prefix)
-    context = dict(num_ranks=num_ranks, prefix=prefix, control=control, parent_pid=os.getpid(),
-                   timeout=float(rank_timeout if rank_timeout is not None else timeout),
-                   backend=backend or "shm", store=os.path.join(store_dir, "gloo_store"))
+    mm = store_dir = None
     procs, conns, results = [], [], [None] * num_ranks
     first_failure: tuple[int, str] | None = None
     try:
+        mm = _shm.create(control, control_nbytes(num_ranks))
+        init_control(mm, num_ranks)
+        store_dir = tempfile.mkdtemp(prefix=prefix)
+        context = dict(num_ranks=num_ranks, prefix=prefix, control=control, parent_pid=os.getpid(),
+                       timeout=float(rank_timeout if rank_timeout is not None else timeout),
+                       backend=backend or "shm", store=os.path.join(store_dir, "gloo_store"))
+
         # Launch
         for rank in range(num_ranks):
             parent_end, child_end = ctx.Pipe(duplex=False)
@@ -143,7 +148,13 @@ def spawn(fn, num_ranks: int, *args, timeout: float = 600.0, start_method: str =
         deadline = time.monotonic() + timeout
         kill_at = None
         pending = set(range(num_ranks))
+        control_named = True
         while pending:
+            # NOTES: once every rank has mapped the control segment its name is not needed: unlinking it now leaves
+            # nothing in /dev/shm even if this process is killed before its finally block runs.
+            if control_named and (rank_status(mm, num_ranks) != STATUS_NEW).all():
+                _shm.unlink(control)
+                control_named = False
             ready = multiprocessing.connection.wait([conns[r] for r in pending], timeout=0.05)
             for conn in ready:
                 rank = conns.index(conn)
@@ -186,13 +197,13 @@ def spawn(fn, num_ranks: int, *args, timeout: float = 600.0, start_method: str =
         for conn in conns:
             conn.close()
         _shm.unlink_all(prefix)
-        try:
-            mm.close()
-        except BufferError:
-            pass
-        for name in os.listdir(store_dir) if os.path.isdir(store_dir) else ():
-            os.unlink(os.path.join(store_dir, name))
-        os.rmdir(store_dir)
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass
+        if store_dir is not None:
+            shutil.rmtree(store_dir, ignore_errors=True)
 
     # Results
     if first_failure is None and all(r is not None and r.ok for r in results):

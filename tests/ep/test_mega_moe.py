@@ -5,6 +5,10 @@ refused before anything is written; the views and the buffer size; transform_wei
 
 from __future__ import annotations
 
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -193,3 +197,11 @@ def test_buffer_configuration_refused(kwargs, message):
         deep_gemm.SymmBuffer(None, **args)
     with pytest.raises(ValueError, match="2\\^24"):
         deep_gemm.get_symm_buffer_size_for_mega_moe(2, 16, 2**20, 16, H, I)
+
+
+def test_example_moe_layer_runs(compiled):
+    """examples/moe_layer.py (linked from the README) runs as a user runs it: two ranks, checked against float64."""
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "moe_layer.py"
+    run = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.count("calc_diff vs float64") == 2, run.stdout

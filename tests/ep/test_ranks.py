@@ -105,6 +105,8 @@ def test_early_exit_and_os_exit_are_reported():
         spawn(exits_early, 2)
     with pytest.raises(RankFailedError, match="rank 2 exited with code 3") as info:
         spawn(exits_hard, 3, start_method="forkserver")
+    assert info.value.failed_rank == 2
+    assert not any("launching process" in str(e) for e in info.value.rank_errors if e)
     assert not leftovers(info.value.prefix)
 
 
