@@ -286,8 +286,15 @@ class TorchGroup(_GroupBase):
         return f"TorchGroup(rank={self.rank}, num_ranks={self.num_ranks}, same_host={self.same_host})"
 
     def barrier(self, timeout: float | None = None) -> None:
+        """With ``timeout``, gloo's monitored barrier: a rank that never arrives fails the others after ``timeout``
+        seconds (naming it) instead of the group's own timeout."""
         try:
-            self._dist.barrier(group=self.process_group)
+            if timeout is None:
+                self._dist.barrier(group=self.process_group)
+            else:
+                import datetime
+
+                self._dist.monitored_barrier(group=self.process_group, timeout=datetime.timedelta(seconds=timeout))
         except RuntimeError as exc:
             raise RankFailedError(f"rank {self.rank}: torch.distributed barrier failed: {exc}") from exc
 
