@@ -1,19 +1,25 @@
 """Test session setup: one kernel cache directory for the whole session (kernels compile once and are shared by
-every test), a seeded RNG, and fixtures for tests that need a cache of their own."""
+every test, and by every pytest-xdist worker of the session), a seeded RNG, fixtures for tests that need a cache of
+their own, and ``--compile-report PATH`` (where the suite's time and kernel compiles go, per file)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import tempfile
+import time
 
 import numpy as np
 import pytest
 
-# NOTES: set before deep_gemm.jit reads it. A user-provided DG_JIT_CACHE_DIR is respected (handy for reruns).
+# NOTES: set before deep_gemm.jit reads it. A user-provided DG_JIT_CACHE_DIR is respected (handy for reruns). Under
+# pytest-xdist this module is imported by the controller first (an initial conftest), which creates the directory;
+# the workers it starts inherit DG_JIT_CACHE_DIR, so every worker uses the same cache (a kernel one worker compiled
+# is a disk hit for the other) and only the controller removes it. A worker never creates one of its own.
 _SESSION_CACHE = None
-if not os.environ.get("DG_JIT_CACHE_DIR"):
+if not os.environ.get("DG_JIT_CACHE_DIR") and not os.environ.get("PYTEST_XDIST_WORKER"):
     _SESSION_CACHE = tempfile.mkdtemp(prefix="dg-test-cache-")
     os.environ["DG_JIT_CACHE_DIR"] = _SESSION_CACHE
 
@@ -26,9 +32,18 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--compile-report", metavar="PATH", default=None,
+                     help="write per test file: tests, seconds (setup + call + teardown), kernels built (rendered + "
+                          "translated) and entry functions compiled by numba, slowest first, to PATH (JSON)")
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _SESSION_CACHE is not None:
         shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+    path = session.config.getoption("compile_report")
+    if path and not hasattr(session.config, "workerinput"):  # the controller (or the only process) writes it
+        _write_compile_report(path)
 
 
 @pytest.fixture
@@ -39,3 +54,57 @@ def rng() -> np.random.Generator:
 @pytest.fixture
 def session_cache_dir() -> str:
     return os.environ["DG_JIT_CACHE_DIR"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --compile-report: where the time goes. Each test's counts are taken in the process that ran it (an xdist worker)
+# and travel to the controller with its teardown report.
+
+_PROFILE_KEYS = ("build", "numba_compile", "numba_compile_helper", "disk_hit")
+_START = pytest.StashKey[dict]()
+_per_file: dict[str, dict] = {}
+
+
+def _jit_counts() -> dict[str, int]:
+    from deep_gemm.jit import events  # imports neither numba nor jinja2
+
+    counts = events.stats()
+    return {k: counts.get(k, 0) for k in _PROFILE_KEYS}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    if item.config.getoption("compile_report"):
+        item.stash[_START] = _jit_counts()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    start = item.stash.get(_START, None)
+    if start is not None:
+        end = _jit_counts()
+        item.user_properties.append(("dg_jit", {k: end[k] - start[k] for k in _PROFILE_KEYS}))
+
+
+def pytest_runtest_logreport(report):
+    empty = {"tests": 0, "seconds": 0.0, **dict.fromkeys(_PROFILE_KEYS, 0)}
+    row = _per_file.setdefault(report.nodeid.split("::")[0], empty)
+    row["seconds"] += report.duration
+    if report.when == "call" or (report.when == "setup" and report.skipped):
+        row["tests"] += 1
+    for name, value in report.user_properties:
+        if name == "dg_jit":
+            for k in _PROFILE_KEYS:
+                row[k] += value.get(k, 0)
+
+
+def _write_compile_report(path: str) -> None:
+    rows = sorted(_per_file.items(), key=lambda kv: -kv[1]["seconds"])
+    report = {"written": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "total_seconds": round(sum(r["seconds"] for _, r in rows), 1),
+              "files": [{"file": f, **{k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()}}
+                        for f, r in rows]}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1)

@@ -64,3 +64,13 @@ def test_docs_moe_example_runs():
     doc = (ROOT / "docs" / "api.md").read_text()
     block = re.search(r"An MoE layer, end to end.*?```python\n(.*?)```", doc, flags=re.S).group(1)
     exec(compile(block, "docs/api.md MoE example", "exec"), {})
+
+
+def test_every_subpackage_ships_in_the_wheel():
+    """pyproject.toml lists its packages explicitly: a new sub-package missing there imports from a checkout but not
+    from an installed wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "deep_gemm").rglob("__init__.py")}
+    assert on_disk <= listed, sorted(on_disk - listed)

@@ -9,19 +9,17 @@ kernel.py, and records it in ``native.json`` (sha256 of the library, the target 
 features as LLVM sees them, numba/llvmlite/numpy/Python/deep_gemm versions; its own checksum). load() verifies
 native.json, the target and the library's bytes (regular files of bounded size, read through files.py), and dlopens
 exactly the verified bytes (a copy in a private directory, removed once loaded); damaged native files are moved
-aside (discard()) and built again. Knows nothing of GEMM.
+aside (discard()) and built again. The C runtime it links is jit/native_runtime.py, the target record
+jit/native_target.py. Knows nothing of GEMM.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import functools
 import hashlib
 import itertools
 import json
 import os
-import platform
 import secrets
 import shutil
 import subprocess
@@ -34,190 +32,23 @@ from pathlib import Path
 from .. import envs
 from . import files
 
+# NOTES: the runtime C source and the target record live in their own modules; every name stays importable from
+# here (tests, tools).
+from .native_runtime import _RUNTIME_C, _RUNTIME_SYMBOLS, _WRAPPER_ONLY  # noqa: F401
+from .native_target import (  # noqa: F401
+    _CPUINFO_KEYS,
+    FORMAT,
+    _checksum,
+    _cpu_fingerprint,
+    _read_host_record,
+    current_target,
+    host_cpu,
+)
+
 NATIVE_JSON = "native.json"
-FORMAT = 1
 OK_STATUSES = (0, -2)  # numba's RETCODE_OK and RETCODE_NONE (a function returning None)
 BAD_ARGUMENT = -1000  # the trampoline's status for an array numba's compiled signature does not cover
 RAISED = -1  # numba's RETCODE_EXC; statuses >= 1 are its user exceptions (FIRST_USEREXC): both mean the code raised
-
-# NOTES: numba's generated object code references these only from the CPython wrapper numba adds beside each
-# function (boxing, unboxing, raising into Python), which a native call never runs; they are defined as stubs that
-# abort with a message. Any other undefined numba or NRT symbol means the kernel code itself needs numba's runtime:
-# the native build is refused and the kernel keeps the numba path.
-_WRAPPER_ONLY = frozenset({
-    "numba_do_raise", "numba_gil_ensure", "numba_gil_release", "numba_unpickle",
-    "numba_runtime_build_excinfo_struct", "NRT_adapt_ndarray_from_python", "NRT_adapt_ndarray_to_python_acqref",
-    "NRT_adapt_buffer_from_python", "numba_adapt_ndarray", "numba_get_buffer", "numba_release_buffer",
-    "numba_extract_record_data", "numba_recreate_record", "numba_unpack_slice", "numba_fatal_error",
-    "numba_pickle", "numba_adapt_buffer", "NRT_get_api",
-})
-# What _RUNTIME_C defines.
-_RUNTIME_SYMBOLS = frozenset({
-    "NRT_Allocate", "NRT_Free", "NRT_Reallocate", "NRT_MemInfo_new", "NRT_MemInfo_alloc", "NRT_MemInfo_alloc_safe",
-    "NRT_MemInfo_alloc_aligned", "NRT_MemInfo_alloc_safe_aligned", "NRT_MemInfo_call_dtor",
-})
-
-# The runtime the kernels' code calls: NRT's memory functions (numba's MemInfo layout, which the code reads
-# inline: refct, dtor, dtor_info, data, size, external allocator). Our own minimal implementation; allocation
-# failure returns NULL, which numba's code turns into a MemoryError status.
-_RUNTIME_C = r"""
-#include <pthread.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-typedef void (*dg_dtor)(void *data, size_t size, void *info);
-typedef struct {
-    size_t refct;
-    dg_dtor dtor;
-    void *dtor_info;
-    void *data;
-    size_t size;
-    void *external_allocator;
-    /* ours, after numba's fields: how the block was allocated, for the per-thread reuse below */
-    unsigned dg_align;
-    int dg_owned;
-} dg_meminfo;
-
-void *NRT_Allocate(size_t size) { return malloc(size); }
-void NRT_Free(void *ptr) { free(ptr); }
-void *NRT_Reallocate(void *ptr, size_t size) { return realloc(ptr, size); }
-
-/* A kernel allocates the same per-core buffers (np.empty) for every logical core it runs and frees them at the
-   core's end: each thread keeps a few freed blocks and hands them out again for the same size and alignment.
-   NOTES: every native library has its own copy of this cache, so it is small (DG_REUSE_SLOTS blocks, at most
-   DG_REUSE_BYTES per thread and library; a larger block is never kept) and a thread's blocks are freed when it exits
-   (the pthread key's destructor), so memory stays bounded by libraries x live threads x DG_REUSE_BYTES. */
-#define DG_REUSE_SLOTS 8
-#define DG_REUSE_BYTES ((size_t)8 << 20)
-typedef struct {
-    dg_meminfo *slot[DG_REUSE_SLOTS];
-    int count;
-    size_t bytes;
-} dg_reuse_list;
-static pthread_key_t dg_reuse_key;
-static int dg_reuse_ready;  /* 1: the key exists; -1: pthread_key_create failed (no reuse) */
-static pthread_once_t dg_reuse_once = PTHREAD_ONCE_INIT;
-
-static void dg_reuse_release(void *p) {
-    dg_reuse_list *list = (dg_reuse_list *)p;
-    for (int i = 0; i < list->count; i++) free(list->slot[i]);
-    free(list);
-}
-
-static void dg_reuse_init(void) { dg_reuse_ready = pthread_key_create(&dg_reuse_key, dg_reuse_release) == 0 ? 1 : -1; }
-
-static dg_reuse_list *dg_reuse_get(int create) {
-    pthread_once(&dg_reuse_once, dg_reuse_init);
-    if (dg_reuse_ready != 1) return NULL;
-    dg_reuse_list *list = (dg_reuse_list *)pthread_getspecific(dg_reuse_key);
-    if (list == NULL && create) {
-        list = (dg_reuse_list *)calloc(1, sizeof(dg_reuse_list));
-        if (list != NULL && pthread_setspecific(dg_reuse_key, list) != 0) {
-            free(list);
-            list = NULL;
-        }
-    }
-    return list;
-}
-
-/* For the tests: bytes this thread keeps for reuse in this library. */
-size_t dg_reuse_held(void) {
-    dg_reuse_list *list = dg_reuse_get(0);
-    return list == NULL ? 0 : list->bytes;
-}
-
-static dg_meminfo *dg_alloc(size_t size, unsigned align) {
-    dg_reuse_list *list = dg_reuse_get(0);
-    if (list != NULL) {
-        for (int i = list->count - 1; i >= 0; i--) {
-            dg_meminfo *mi = list->slot[i];
-            if (mi->size == size && mi->dg_align == align) {
-                list->slot[i] = list->slot[--list->count];
-                list->bytes -= size;
-                mi->refct = 1;
-                return mi;
-            }
-        }
-    }
-    size_t pad = align > 1 ? align : 1;
-    char *base = (char *)malloc(sizeof(dg_meminfo) + size + pad);
-    if (base == NULL) return NULL;
-    dg_meminfo *mi = (dg_meminfo *)base;
-    uintptr_t data = (uintptr_t)(base + sizeof(dg_meminfo));
-    if (align > 1 && data % align) data += align - data % align;
-    mi->refct = 1;
-    mi->dtor = NULL;
-    mi->dtor_info = NULL;
-    mi->data = (void *)data;
-    mi->size = size;
-    mi->external_allocator = NULL;
-    mi->dg_align = align;
-    mi->dg_owned = 1;
-    return mi;
-}
-
-dg_meminfo *NRT_MemInfo_alloc(size_t size) { return dg_alloc(size, 1); }
-dg_meminfo *NRT_MemInfo_alloc_safe(size_t size) { return dg_alloc(size, 1); }
-dg_meminfo *NRT_MemInfo_alloc_aligned(size_t size, unsigned align) { return dg_alloc(size, align); }
-dg_meminfo *NRT_MemInfo_alloc_safe_aligned(size_t size, unsigned align) { return dg_alloc(size, align); }
-
-dg_meminfo *NRT_MemInfo_new(void *data, size_t size, dg_dtor dtor, void *info) {
-    dg_meminfo *mi = (dg_meminfo *)malloc(sizeof(dg_meminfo));
-    if (mi == NULL) return NULL;
-    mi->refct = 1;
-    mi->dtor = dtor;
-    mi->dtor_info = info;
-    mi->data = data;
-    mi->size = size;
-    mi->external_allocator = NULL;
-    mi->dg_align = 0;
-    mi->dg_owned = 0;
-    return mi;
-}
-
-void NRT_MemInfo_call_dtor(dg_meminfo *mi) {
-    if (mi->dtor != NULL) mi->dtor(mi->data, mi->size, mi->dtor_info);
-    if (mi->dg_owned && mi->dtor == NULL && mi->size <= DG_REUSE_BYTES) {
-        dg_reuse_list *list = dg_reuse_get(1);
-        if (list != NULL && list->count < DG_REUSE_SLOTS && list->bytes + mi->size <= DG_REUSE_BYTES) {
-            list->slot[list->count++] = mi;
-            list->bytes += mi->size;
-            return;
-        }
-    }
-    free(mi);
-}
-
-static void dg_wrapper_only(const char *name) {
-    fprintf(stderr, "deep_gemm native kernel: %s called outside numba (a CPython wrapper ran); aborting\n", name);
-    abort();
-}
-
-/* numpy's array object, as far as the trampolines read it (the stable leading fields of PyArrayObject_fields). */
-typedef struct {
-    intptr_t ob_refcnt;
-    void *ob_type;
-    char *data;
-    int nd;
-    int64_t *dimensions;
-    int64_t *strides;
-    void *base;
-    void *descr;
-    int flags;
-} dg_array;
-
-/* For the loader's self-test: what the trampolines read from an array. */
-int64_t dg_probe_array(dg_array *a, int64_t *out) {
-    out[0] = (int64_t)(uintptr_t)a->data;
-    out[1] = a->nd;
-    out[2] = a->nd > 0 ? a->dimensions[0] : -1;
-    out[3] = a->nd > 0 ? a->strides[0] : -1;
-    out[4] = a->flags;
-    return 0;
-}
-"""
 
 _NPY_C_CONTIGUOUS, _NPY_ALIGNED, _NPY_WRITEABLE = 0x0001, 0x0100, 0x0400
 
@@ -244,110 +75,6 @@ class NativeStatus(Exception):
 def enabled() -> bool:
     """DG_JIT_NATIVE and a platform where build() can work (Linux, ELF shared libraries, 64-bit)."""
     return bool(envs.DG_JIT_NATIVE.get()) and sys.platform.startswith("linux") and sys.maxsize > 2**32
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Target: what the native code was built for
-
-
-@functools.lru_cache(maxsize=1)
-def host_cpu() -> tuple[str, str]:
-    """(CPU name, CPU feature string) as LLVM sees this host. Asked of LLVM (llvmlite, ~40 ms to load) once per
-    machine: the answer is kept under the cache root, filed by a fingerprint of what the kernel reports about the
-    CPU (/proc/cpuinfo's vendor, family, model, stepping, flags) and llvmlite's version."""
-    fingerprint = _cpu_fingerprint()
-    path = root = None
-    if fingerprint is not None:
-        from .cache import cache_roots
-
-        root = cache_roots().write
-        path = None if root is None else root / "index" / f"host-{fingerprint[:32]}.json"
-    if path is not None:
-        found = _read_host_record(root, path, fingerprint)
-        if found is not None:
-            return found
-    import llvmlite.binding as llvm
-
-    name, features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-    if path is not None:
-        record = {"fingerprint": fingerprint, "cpu_name": name, "cpu_features": features}
-        record["checksum"] = _checksum(record)
-        with contextlib.suppress(OSError):
-            from .numba_cache import write_atomic
-
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, json.dumps(record, sort_keys=True).encode())
-    return name, features
-
-
-def _read_host_record(root: Path, path: Path, fingerprint: str) -> tuple[str, str] | None:
-    """(CPU name, features) from the host record at ``path``; None when there is none or it cannot be read here.
-    A damaged one (not a regular file, too large, not parseable, not verifying) is reported once and moved aside.
-
-    NOTES: every kernel of every process reads this one record: no failure reading it may escape (issue 22: a deeply
-    nested JSON file there once raised RecursionError from every GEMM)."""
-    try:
-        record = files.load_json_record(path)
-    except FileNotFoundError:
-        return None
-    except files.DamagedFile as e:
-        problem = str(e)
-    except OSError:  # unreadable here (permissions): LLVM is asked
-        return None
-    else:
-        try:
-            if record.get("checksum") == _checksum(record) and record.get("fingerprint") == fingerprint:
-                name, features = record["cpu_name"], record["cpu_features"]
-                if isinstance(name, str) and isinstance(features, str):
-                    return name, features
-        except Exception:  # noqa: BLE001 - a record of another shape: damage like any other
-            pass
-        problem = "it does not verify"
-    from .cache import report_damaged_file
-
-    report_damaged_file(path, "host record", problem, root=root,
-                        repaired="it is written again from LLVM's answer",
-                        unrepaired="LLVM is asked about this CPU in every process (~40 ms)")
-    return None
-
-
-_CPUINFO_KEYS = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags", "CPU implementer",
-                 "CPU architecture", "CPU variant", "CPU part", "Features")
-
-
-def _cpu_fingerprint() -> str | None:
-    """sha256 of the first CPU's identifying /proc/cpuinfo lines, llvmlite's version and the machine; None when
-    /proc/cpuinfo cannot be read (LLVM is then asked every time)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(errors="replace")
-    except OSError:
-        return None
-    first = text.split("\n\n", 1)[0]
-    lines = sorted(line.strip() for line in first.splitlines() if line.split(":", 1)[0].strip() in _CPUINFO_KEYS)
-    if not lines:
-        return None
-    from .cache import tool_versions
-
-    return hashlib.sha256("\n".join([platform.machine(), tool_versions()["llvmlite"], *lines]).encode()).hexdigest()
-
-
-def current_target() -> dict[str, str]:
-    """The target record a native library of this process must match: machine, CPU name and features (LLVM's
-    view), Python, numba, llvmlite, numpy and deep_gemm versions, and the runtime C source linked into it."""
-    from .. import __version__
-    from .cache import tool_versions
-
-    versions = tool_versions()
-    name, features = host_cpu()
-    return {"machine": platform.machine(), "cpu_name": name, "cpu_features": features,
-            "python": versions["python"], "numba": versions["numba"], "llvmlite": versions["llvmlite"],
-            "numpy": versions["numpy"], "deep_gemm": __version__, "format": str(FORMAT),
-            "runtime": hashlib.sha256(_RUNTIME_C.encode()).hexdigest()[:16]}
-
-
-def _checksum(record: dict) -> str:
-    body = {k: v for k, v in record.items() if k != "checksum"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------------------

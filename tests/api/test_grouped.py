@@ -247,7 +247,7 @@ def test_grouped_one_and_32_cores_bitwise_equal(rng):
 def test_padding_is_zeroed_by_the_kernel_in_any_group_order(rng, monkeypatch):
     # CUDA DeepGEMM's per-row layout: groups out of order, at any row, padding before, between and after them; the
     # kernel's cores write the zeros (the host's padding pass is never reached when the kernel runs)
-    from deep_gemm.api import grouped as grouped_api
+    from deep_gemm.api import m_grouped as m_grouped_api
 
     m = 300
     per_row = np.full(m, -1, np.int32)
@@ -258,7 +258,7 @@ def test_padding_is_zeroed_by_the_kernel_in_any_group_order(rng, monkeypatch):
     def host_pass(*args):
         raise AssertionError("the host zeroed the padding although the kernel ran")
 
-    monkeypatch.setattr(grouped_api, "_padding_mask", host_pass)
+    monkeypatch.setattr(m_grouped_api, "_padding_mask", host_pass)
     outs = []
     for cores in (1, 32):
         with deep_gemm.runtime_scope(num_ai_cores=cores):

@@ -1,6 +1,7 @@
 """Mixed Cube + Vector kernels: the ReLU example (templates/examples/mixed_relu) against numpy and against the BF16
 GEMM kernel of the same config, bitwise equal on 1, 7 and 32 logical cores and 1 and 2 CPU threads; a deliberately
-deadlocking example reports KernelDeadlockError naming kernel, core, sub-core, flag and line instead of hanging;
+deadlocking example reports KernelDeadlockError naming kernel, core, sub-core, flag and line instead of hanging
+(on 1 and 32 cores);
 SyncAll() splits a kernel into phases ordered across cores."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from deep_gemm.testing import calc_diff
 CONFIG = dict(block_m=64, block_n=64, block_k=64, mad_m=32, mad_n=32, mad_k=32, num_l1_stages=2, num_l0_stages=2,
               num_l0c_stages=2, path="cube")
 UB_BYTES = 253952
+CORES = 7
 
 
 def mixed_relu_kernel(m, n, k, cores, out_dtype, template="examples/mixed_relu", name="mixed_relu"):
@@ -49,7 +51,8 @@ def run_mixed_relu(rng, m, n, k, cores, out_dtype="fp32", **kw):
 @pytest.mark.parametrize("out_dtype", ["fp32", "bf16"])
 def test_mixed_relu_matches_numpy_and_the_gemm(rng, out_dtype):
     m, n, k = 100, 96, 80  # ragged M and K: partial tiles, partial MAD tiles, AIV1 halves with 0 rows
-    d, a, b, config = run_mixed_relu(rng, m, n, k, cores=3, out_dtype=out_dtype)
+    # NOTES: N, K and 7 cores as the next test's, so its fp32 kernel is this one (compiled once per session)
+    d, a, b, config = run_mixed_relu(rng, m, n, k, cores=CORES, out_dtype=out_dtype)
     ref = np.maximum(a.values @ b.values.T, 0)
     got = as_float(d)
     assert not np.isnan(got).any()
@@ -57,7 +60,7 @@ def test_mixed_relu_matches_numpy_and_the_gemm(rng, out_dtype):
     assert ((got == 0) == (ref <= 0)).mean() > 0.99
     # bit-exact: the AIVs' ReLU of the AIC's fp32 tiles == ReLU of the BF16 GEMM kernel's fp32 output, same config
     d_gemm = np.empty((m, n), np.float32)
-    with runtime.runtime_scope(num_ai_cores=3):
+    with runtime.runtime_scope(num_ai_cores=CORES):
         launch_bf16_gemm(a.storage, "k", b.storage, "k", d_gemm, m, n, k, with_accumulation=False, alpha=1.0,
                          compiled_dims="nk", config=config)
     relu = np.where(d_gemm < 0, np.float32(0), d_gemm)
@@ -70,12 +73,14 @@ def test_mixed_relu_matches_numpy_and_the_gemm(rng, out_dtype):
 
 
 def test_mixed_relu_bitwise_equal_over_cores_and_threads(rng):
-    m, n, k = 200, 160, 96  # 4 x 3 output tiles: several tiles per core on 1 and 7 cores, idle cores on 32
+    # 7 x 2 output tiles (N and K as the test above: the same kernels): all 14 on 1 core, two on each of 7 cores,
+    # idle cores on 32
+    m, n, k = 400, 96, 80
     state = rng.bit_generator.state
     saved = numba.get_num_threads()
     outs = {}
     try:
-        for cores in (1, 7, 32):
+        for cores in (1, CORES, 32):
             for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
                 numba.set_num_threads(threads)
                 rng.bit_generator.state = state
@@ -90,7 +95,9 @@ def test_mixed_relu_bitwise_equal_over_cores_and_threads(rng):
     assert calc_diff(first.astype(np.float64), ref) < 1e-5
 
 
-@pytest.mark.parametrize("cores", [1, 7, 32])
+# NOTES: 1 core (the one with the tile) and 32 (one core with it, 31 without): 7 cores showed nothing 32 does not,
+# and each count is a compile of its own.
+@pytest.mark.parametrize("cores", [1, 32])
 def test_deadlocking_example_reports_instead_of_hanging(rng, cores):
     m, n, k = 64, 64, 64
     with pytest.raises(KernelDeadlockError) as info:

@@ -1,0 +1,286 @@
+"""The Cube's AMX path (device/cube.py calls it): bf16 L0 buffers in the tile unit's layouts, their VNNI packing,
+and TDPBF16PS blocks into fp32 L0C, emitted only where the host's LLVM may select AMX instructions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..jit import amx
+from ..jit.numba_setup import apply_numba_settings, host_cpu_features
+from .cube_fma import (
+    _F32,
+    _I32,
+    _as_intp,
+    _is_l1_ptr,
+    _load8,
+    _shuffle,
+    _splat,
+    _vec_ptr,
+)
+
+# NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
+apply_numba_settings()
+
+# ---------------------------------------------------------------------------------------------------------------
+# The AMX path: bf16 L0 buffers and TDPBF16PS. NOTES: when both operands are exact in bf16 (BF16; FP8 and FP4
+# codes times a power-of-two scale) the templates give L0A/L0B the chip's own layout idea (operand dtype in L0,
+# here uint16 bf16 bits) and the Cube runs on the CPU's AMX tile unit: one TDPBF16PS multiplies a 16 x 32 bf16 A
+# tile by a 32 x 16 B tile into a 16 x 16 fp32 C tile (products exact, fp32 accumulation in the unit's own order
+# within each 32-K step), ~6x the FMA micro-kernel per core on this CPU. Layouts (uint16 elements):
+# - L0A: [round_up(mad_m, 16)][round_up(mad_k, 32)] row-major, K zero-padded (rows past mad_m are never stored).
+# - L0B: panels of 16 B rows, [ceil(mad_n / 16)][round_up(mad_k, 32) / 2][16][2]: K pairs interleaved per column
+#   (the unit's "VNNI" B layout), rows past mad_n and K past mad_k zero.
+# Results depend only on the K steps' order (32-K steps from k = 0), not on tiling, threads or core count.
+# ---------------------------------------------------------------------------------------------------------------
+AMX_T = 16  # tile rows (M, and pair rows of B) and fp32 columns of C
+AMX_K = 32  # bf16 K per tile step (64-byte tile rows)
+_I8 = ir.IntType(8)
+_I16 = ir.IntType(16)
+_I64 = ir.IntType(64)
+_P8 = _I8.as_pointer()
+# NOTES: AMX instructions are emitted only where LLVM may select them; elsewhere the bf16 path raises first.
+AMX_SUPPORTED = amx.supported()
+_AMX_CODEGEN = AMX_SUPPORTED and {"+amx-tile", "+amx-bf16"} <= set(host_cpu_features().split(","))
+
+
+def _amx_config() -> np.ndarray:
+    """The 64-byte tile configuration (palette 1): all 8 tiles 16 rows x 64 bytes."""
+    cfg = np.zeros(64, dtype=np.uint8)
+    cfg[0] = 1
+    cfg[16:32].view(np.uint16)[:8] = 64
+    cfg[48:56] = AMX_T
+    return cfg
+
+
+AMX_CONFIG = _amx_config()
+
+
+@intrinsic
+def _ptr_as_f32(typingctx, arr):
+    """Pointer to arr's data as float32* (whatever its dtype): the L0 paths are chosen at run time by itemsize, and
+    both must type-check for either buffer dtype."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.bitcast(data, _F32.as_pointer())
+
+    return types.CPointer(types.float32)(arr), codegen
+
+
+@intrinsic
+def _ptr_as_u16(typingctx, arr):
+    """Pointer to arr's data as uint16* (see _ptr_as_f32)."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.bitcast(data, _I16.as_pointer())
+
+    return types.CPointer(types.uint16)(arr), codegen
+
+
+def _to_bf16(builder, v):
+    """<n x float> -> <n x i16>: the high halves (bf16 bits). Exact for the values this path takes (BF16, FP8 and
+    FP4 values times a power of two); any other fp32 value is truncated toward zero."""
+    ity = ir.VectorType(_I32, v.type.count)
+    bits = builder.lshr(builder.bitcast(v, ity), ir.Constant(ity, [16] * v.type.count))
+    return builder.trunc(bits, ir.VectorType(_I16, v.type.count))
+
+
+@intrinsic
+def _copy16_bf16(typingctx, dst, src, scale):
+    """dst[0:16] = bf16(value(src[0:16]) * scale): one vector load, decode, multiply, 16-bit store."""
+
+    def codegen(context, builder, signature, args):
+        d, s, sc = args
+        zero = ir.Constant(_I64, 0)
+        v16 = ir.VectorType(_F32, 16)
+        v = builder.fmul(_load8(context, builder, signature.args[1], s, zero, lanes=16), _splat(builder, sc, v16))
+        builder.store(_to_bf16(builder, v), _vec_ptr(builder, d, zero, ir.VectorType(_I16, 16)), align=2)
+        return context.get_dummy_value()
+
+    if not (isinstance(dst, types.CPointer) and dst.dtype == types.uint16 and _is_l1_ptr(src)):
+        return None
+    return types.void(dst, src, types.float32), codegen
+
+
+@intrinsic
+def _to_bf16_bits(typingctx, x):
+    """bf16 bits (uint16) of one fp32 value (its high half; see _to_bf16)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        v1 = ir.VectorType(_F32, 1)
+        v = builder.insert_element(ir.Constant(v1, ir.Undefined), args[0], ir.Constant(_I32, 0))
+        return builder.extract_element(_to_bf16(builder, v), ir.Constant(_I32, 0))
+
+    return types.uint16(x), codegen
+
+
+def _vnni_codegen(scaled: bool):
+    """Codegen of one 32-K step of a B panel (see _vnni16x32): 16 row loads (decoded, scaled and cut to bf16, or,
+    for unscaled BF16 bits, loaded as 16 dwords of bf16 pairs as they are), a 16 x 16 dword transpose in 4
+    butterfly stages of 2-input shuffles, 16 stores."""
+
+    def codegen(context, builder, signature, args):
+        d, sp = args[0], args[1]
+        ss = _as_intp(context, builder, args[2], signature.args[2])
+        v16 = ir.VectorType(_I32, 16)
+        raw = not scaled and signature.args[1].dtype == types.uint16
+        rows = []
+        for r in range(16):
+            off = builder.mul(ss, ir.Constant(ss.type, r))
+            if raw:
+                rows.append(builder.load(_vec_ptr(builder, sp, off, v16), align=2))
+                continue
+            v = _load8(context, builder, signature.args[1], sp, off, lanes=32)
+            if scaled:
+                sc = builder.load(builder.gep(args[3], [ir.Constant(_I64, r)]))
+                v = builder.fmul(v, _splat(builder, sc, ir.VectorType(_F32, 32)))
+            rows.append(builder.bitcast(_to_bf16(builder, v), v16))
+        # Butterfly transpose: the stage of width b swaps the off-diagonal b-blocks of rows i and i | b.
+        for b in (8, 4, 2, 1):
+            lo_idx = [lane if lane & b == 0 else 16 + lane - b for lane in range(16)]
+            hi_idx = [lane + b if lane & b == 0 else 16 + lane for lane in range(16)]
+            for i in range(16):
+                if i & b == 0:
+                    x, y = rows[i], rows[i | b]
+                    rows[i], rows[i | b] = _shuffle(builder, x, y, lo_idx), _shuffle(builder, x, y, hi_idx)
+        for p in range(16):
+            builder.store(rows[p], _vec_ptr(builder, d, ir.Constant(_I64, 32 * p), v16), align=2)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@intrinsic
+def _vnni16x32(typingctx, dst, src, src_stride, scales):
+    """One 32-K step of a B panel: for 16 L1 rows r (at src + r * src_stride) and K pairs p < 16,
+    dst[p * 32 + 2 * r + t] = bf16(value(src[r * src_stride + 2 * p + t]) * scales[r]). Each row is 16 dwords of
+    bf16 pairs, so the step is a 16 x 16 dword transpose."""
+    if not (isinstance(dst, types.CPointer) and dst.dtype == types.uint16 and _is_l1_ptr(src)
+            and isinstance(scales, types.CPointer) and scales.dtype == types.float32):
+        return None
+    return types.void(dst, src, src_stride, scales), _vnni_codegen(True)
+
+
+@intrinsic
+def _vnni16x32_unscaled(typingctx, dst, src, src_stride):
+    """_vnni16x32 with every scale 1 (BF16 bits move as they are: no decode, no multiply)."""
+    if not (isinstance(dst, types.CPointer) and dst.dtype == types.uint16 and _is_l1_ptr(src)):
+        return None
+    return types.void(dst, src, src_stride), _vnni_codegen(False)
+
+
+def _amx_fn(builder, name, arg_types):
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), arg_types), name)
+
+
+@intrinsic
+def _amx_load_config(typingctx, cfg):
+    """LDTILECFG from the 64-byte configuration at cfg (per thread; every bf16 Mmad loads it first)."""
+
+    def codegen(context, builder, signature, args):
+        if _AMX_CODEGEN:
+            builder.call(_amx_fn(builder, "llvm.x86.ldtilecfg", [_P8]), [builder.bitcast(args[0], _P8)])
+        return context.get_dummy_value()
+
+    if not isinstance(cfg, types.CPointer):
+        return None
+    return types.void(cfg), codegen
+
+
+def _make_amx_block(tm: int, tn: int):
+    """The bf16 Mmad of a (16 tm) x (16 tn) C block, 1 <= tm, tn <= 2, as an intrinsic:
+    ``blk(nk, pa, lda, pb, ldb, pc, ldc, init)``: C tiles (tm x tn, in tiles 0-3) zeroed (init) or loaded from pc
+    (row stride ldc fp32), then nk 32-K steps: A tiles (4, 5) from pa + step * 32 (row stride lda bf16), B tiles
+    (6, 7) from pb + step * 512 (panel stride ldb bf16), one TDPBF16PS per C tile; C stored back."""
+
+    def codegen(context, builder, signature, args):
+        if not _AMX_CODEGEN:
+            return context.get_dummy_value()
+        nk = _as_intp(context, builder, args[0], signature.args[0])
+        lda = _as_intp(context, builder, args[2], signature.args[2])
+        ldb = _as_intp(context, builder, args[4], signature.args[4])
+        ldc = _as_intp(context, builder, args[6], signature.args[6])
+        init = context.cast(builder, args[7], signature.args[7], types.boolean)
+        pa = builder.bitcast(args[1], _P8)
+        pb = builder.bitcast(args[3], _P8)
+        pc = builder.bitcast(args[5], _P8)
+        load = _amx_fn(builder, "llvm.x86.tileloadd64", [_I8, _P8, _I64])
+        store = _amx_fn(builder, "llvm.x86.tilestored64", [_I8, _P8, _I64])
+        zero = _amx_fn(builder, "llvm.x86.tilezero", [_I8])
+        dot = _amx_fn(builder, "llvm.x86.tdpbf16ps", [_I8, _I8, _I8])
+        i8 = lambda v: ir.Constant(_I8, v)  # noqa: E731
+        i64 = lambda v: ir.Constant(_I64, v)  # noqa: E731
+        c_bytes = builder.mul(ldc, i64(4))
+        a_bytes = builder.mul(lda, i64(2))
+        b_panel = builder.mul(ldb, i64(2))
+        a_tile2 = builder.mul(a_bytes, i64(AMX_T))
+        c_row16 = builder.mul(c_bytes, i64(AMX_T))
+        tiles = [(i, j) for i in range(tm) for j in range(tn)]
+
+        def c_ptr(i, j):
+            return builder.gep(pc, [builder.add(builder.mul(c_row16, i64(i)), i64(64 * j))])
+
+        with builder.if_else(init) as (then, otherwise):
+            with then:
+                for t, _ in enumerate(tiles):
+                    builder.call(zero, [i8(t)])
+            with otherwise:
+                for t, (i, j) in enumerate(tiles):
+                    builder.call(load, [i8(t), c_ptr(i, j), c_bytes])
+        with cgutils.for_range(builder, nk) as loop:
+            step = loop.index
+            a0 = builder.gep(pa, [builder.mul(step, i64(2 * AMX_K))])
+            b0 = builder.gep(pb, [builder.mul(step, i64(2 * AMX_K * AMX_T))])
+            for i in range(tm):
+                builder.call(load, [i8(4 + i), builder.gep(a0, [builder.mul(a_tile2, i64(i))]), a_bytes])
+            for j in range(tn):
+                builder.call(load, [i8(6 + j), builder.gep(b0, [builder.mul(b_panel, i64(j))]), i64(4 * AMX_T)])
+            for t, (i, j) in enumerate(tiles):
+                builder.call(dot, [i8(t), i8(4 + i), i8(6 + j)])
+        for t, (i, j) in enumerate(tiles):
+            builder.call(store, [i8(t), c_ptr(i, j), c_bytes])
+        return context.get_dummy_value()
+
+    def typer(typingctx, nk, pa, lda, pb, ldb, pc, ldc, init):
+        if not (isinstance(pa, types.CPointer) and pa.dtype == types.uint16 and isinstance(pb, types.CPointer)
+                and pb.dtype == types.uint16 and isinstance(pc, types.CPointer) and pc.dtype == types.float32):
+            return None
+        return types.void(nk, pa, lda, pb, ldb, pc, ldc, init), codegen
+
+    typer.__name__ = f"_amx_block_{tm}x{tn}"
+    return intrinsic(typer)
+
+
+_amx11 = _make_amx_block(1, 1)
+_amx12 = _make_amx_block(1, 2)
+_amx21 = _make_amx_block(2, 1)
+_amx22 = _make_amx_block(2, 2)
+
+
+@njit(cache=True)
+def _amx_block(tm, tn, nk, pa, lda, pb, ldb, pc, ldc, init):
+    if tm == 2 and tn == 2:
+        _amx22(nk, pa, lda, pb, ldb, pc, ldc, init)
+    elif tm == 2:
+        _amx21(nk, pa, lda, pb, ldb, pc, ldc, init)
+    elif tn == 2:
+        _amx12(nk, pa, lda, pb, ldb, pc, ldc, init)
+    else:
+        _amx11(nk, pa, lda, pb, ldb, pc, ldc, init)
+
+
+@njit(cache=True, inline="always")
+def _round_up(x, m):
+    return (x + m - 1) // m * m
