@@ -60,6 +60,10 @@ _export(
     "fp8_mqa_logits", "fp8_paged_mqa_logits",
 )
 
+# FlashMLA's sparse attention (decode on the co-located FP8 KV cache, prefill) and its cache quantisers
+_export(".api.flash_mla", "get_mla_metadata", "flash_mla_with_kvcache", "flash_mla_sparse_fwd", "FlashMLASchedMeta")
+_export(".testing.flash_mla_reference", "quantize_k_cache", "dequantize_k_cache", "abs_indices2indices_in_kvcache")
+
 # Reference GEMMs (numpy), the cross-check DeepGEMM-Ascend runs against ACLNN
 _export(
     ".api.reference",
@@ -96,17 +100,34 @@ _export(
 # HyperConnection
 _export(".api.hc_prenorm", "tf32_hc_prenorm_gemm")
 
+# Sparse attention: DeepSelect's top-k (deep_gemm.deep_select mirrors the deep_select package)
+_export(".api.topk", "topk", "get_stride_requirement", "set_topk_platform", "get_topk_platform")
+
+# Mega MoE
+_export(".api.mega_moe", "SymmBuffer", "get_symm_buffer_size_for_mega_moe", "transform_weights_for_mega_moe",
+        "fp8_fp4_mega_moe", "aclnn_fp8_fp4_mega_moe")
+
+# Expert parallelism on simulated ranks: symmetric buffers, DeepEP's dispatch / combine, TileKernels' MoE helpers
+_export(".ep", "SymmetricBuffer", "ElasticBuffer", "EPHandle", "RankFailedError")
+_export(
+    ".ep.tilekernels",
+    "get_fused_mapping", "expand_to_fused", "expand_to_fused_with_sf", "reduce_fused",
+    "swiglu_forward_and_per_token_cast",
+)
+
 # Chip model
 _export(
     ".estimate",
     "estimate_gemm", "GemmEstimate", "estimate_mqa_logits", "estimate_paged_mqa_logits", "MqaEstimate",
-    "estimate_hc_prenorm_gemm", "HcPrenormEstimate",
+    "estimate_hc_prenorm_gemm", "HcPrenormEstimate", "estimate_flash_mla_with_kvcache", "estimate_flash_mla_sparse_fwd",
+    "FlashMlaEstimate", "estimate_mega_moe", "MegaMoeEstimate",
 )
 
 # Submodules
 # NOTES: deep_gemm.epilogue holds DeepGEMM-Ascend's epilogue classes (Epilogue, Identity, Alpha, FP8Quantization).
 _SUBMODULES = (
     "utils", "testing", "heuristics", "jit", "device", "kernels", "api", "envs", "runtime", "epilogue", "estimate",
+    "deep_select", "ep",
 )
 
 
