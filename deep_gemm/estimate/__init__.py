@@ -3,8 +3,8 @@
 ``estimate_gemm`` (dense, grouped, batched GEMMs; ``python -m deep_gemm.estimate M N K``), ``estimate_mqa_logits``
 and ``estimate_paged_mqa_logits``, ``estimate_hc_prenorm_gemm``, ``estimate_flash_mla_with_kvcache`` and
 ``estimate_flash_mla_sparse_fwd``, ``estimate_mega_moe`` (``python -m deep_gemm.estimate.mega_moe``). The models
-themselves live in ``deep_gemm.heuristics`` (the same arithmetic the kernels' config choice uses); every estimator resolves its arch
-and core count through ``_target.resolve_target``. Predictions only: nothing is run or measured.
+themselves live in ``deep_gemm.heuristics`` (the same arithmetic the kernels' config choice uses); every estimator
+resolves its arch and core count through ``_target.resolve_target``. Predictions only: nothing is run or measured.
 """
 
 from ._target import MAX_SIZE
@@ -16,6 +16,6 @@ from .mqa_logits import MqaEstimate, estimate_mqa_logits, estimate_paged_mqa_log
 
 __all__ = [
     "DTYPES", "MAX_SIZE", "MAX_TENSOR_BYTES", "FlashMlaEstimate", "GemmEstimate", "HcPrenormEstimate",
-    "MegaMoeEstimate", "MqaEstimate", "estimate_flash_mla_sparse_fwd", "estimate_flash_mla_with_kvcache", "estimate_gemm",
-    "estimate_hc_prenorm_gemm", "estimate_mega_moe", "estimate_mqa_logits", "estimate_paged_mqa_logits", "main",
+    "MegaMoeEstimate", "MqaEstimate", "estimate_flash_mla_sparse_fwd", "estimate_flash_mla_with_kvcache",
+    "estimate_gemm", "estimate_hc_prenorm_gemm", "estimate_mega_moe", "estimate_mqa_logits", "estimate_paged_mqa_logits", "main",
 ]
