@@ -15,7 +15,8 @@ from .mega_moe import MegaMoeEstimate, estimate_mega_moe
 from .mqa_logits import MqaEstimate, estimate_mqa_logits, estimate_paged_mqa_logits
 
 __all__ = [
-    "DTYPES", "MAX_SIZE", "MAX_TENSOR_BYTES", "FlashMlaEstimate", "GemmEstimate", "HcPrenormEstimate",
-    "MegaMoeEstimate", "MqaEstimate", "estimate_flash_mla_sparse_fwd", "estimate_flash_mla_with_kvcache",
-    "estimate_gemm", "estimate_hc_prenorm_gemm", "estimate_mega_moe", "estimate_mqa_logits", "estimate_paged_mqa_logits", "main",
+    "DTYPES", "MAX_SIZE", "MAX_TENSOR_BYTES",
+    "FlashMlaEstimate", "GemmEstimate", "HcPrenormEstimate", "MegaMoeEstimate", "MqaEstimate",
+    "estimate_flash_mla_sparse_fwd", "estimate_flash_mla_with_kvcache", "estimate_gemm", "estimate_hc_prenorm_gemm",
+    "estimate_mega_moe", "estimate_mqa_logits", "estimate_paged_mqa_logits", "main",
 ]
