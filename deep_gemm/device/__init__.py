@@ -32,6 +32,7 @@ from .copy import (  # noqa: E402
 from .cube import l0a_size, l0b_size, load_l0a, load_l0b, mmad  # noqa: E402
 from .datacopy import DataCopy, DataCopyPad  # noqa: E402
 from .fixpipe import Fixpipe, FixpipeToUB, InitGlobalMemory, bf16_bits_to_f32, f32_to_bf16_bits  # noqa: E402
+from .fixpipe_relu import FixpipeToUBRelu  # noqa: E402
 from .scheduler import (  # noqa: E402
     get_grouped_block,
     get_grouped_num_tiles,
@@ -40,6 +41,7 @@ from .scheduler import (  # noqa: E402
     grouped_tile_order,
     tile_order,
 )
+from .select import CountNaN, OrderKeys, RadixSelect, TopkCompact, TopkFilter, TopkSortDesc  # noqa: E402
 from .sync import NUM_EVENT_IDS, PipeBarrier, SetFlag, WaitFlag  # noqa: E402
 from .tensor import slot_view, tile_view  # noqa: E402
 from .vector import (  # noqa: E402
@@ -71,12 +73,14 @@ __all__ = [
     # MTE1 + Cube (device/cube.py)
     "l0a_size", "l0b_size", "load_l0a", "load_l0b", "mmad",
     # FixPipe: L0C -> GM, L0C -> UB; GM fill
-    "Fixpipe", "FixpipeToUB", "InitGlobalMemory",
+    "Fixpipe", "FixpipeToUB", "InitGlobalMemory", "FixpipeToUBRelu",
     # AIV: GM <-> UB (MTE2 / MTE3)
     "DataCopy", "DataCopyPad",
     # AIV: Vector unit (device/vector.py, device/cast.py)
     "Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Axpy", "Maxs", "Mins", "Abs", "Exp", "Relu", "Duplicate",
     "Compare", "Select", "ReduceMax", "ReduceSum", "Cast", "CastToUE8M0", "CastFromUE8M0",
+    # AIV: top-k selection (device/select.py)
+    "OrderKeys", "CountNaN", "TopkFilter", "RadixSelect", "TopkCompact", "TopkSortDesc",
     # Pipe synchronisation
     "SetFlag", "WaitFlag", "PipeBarrier",
     # Scheduler

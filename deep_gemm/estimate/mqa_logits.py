@@ -190,3 +190,86 @@ def estimate_paged_mqa_logits(context_lens, num_heads: int = 64, head_dim: int =
     layout = "Ascend" if ascend else "CUDA DeepGEMM"
     return _estimate("paged", desc, config, spec, cost,
                      f"batch {len(ctx)} x next_n {next_n}, {layout} cache layout, pages of {page_size}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Published rows
+
+# NOTES: the vendor's MQA-logits figures (issue 25, quoting the DeepGEMM-Ascend README of 2026-09-30: 950DT, CANN 9.20,
+# bench_msprof, cold L2); the configurations are those of DeepGEMM-Ascend's benchmark script (its
+# tests/test_attention.py: run_mqa_logits_case / test_paged_mqa_logits, read in the public index), FP8 and FP4 with
+# its MX scales (UE8M0 per 32 of head_dim; its API takes no other form) and bf16 weights:
+# - prefill, mode Causal: 4096 queries, 8192 keys, row i sees [0, i + 4096) (ke = arange(S) + S_kv - S), 32 heads,
+#   head_dim 128, FP8: 302.6 us (the issue writes [0, 4096 + i + 1); the script's ks / ke are used);
+# - paged decode: 256 requests, context U[0.7, 1.3) x 8192 per request (torch.randint), U{3..7} query tokens per
+#   request (the script's default --min-tpr 3 --max-tpr 7; token t of a request sees context + t keys, and its
+#   "256 query rows" are the requests: the GB/s it prints, 2006, is the bytes of ~1280 tokens' logits plus the
+#   requests' unique KV over 150.9 us), 32 heads, head_dim 128, pages of 64 (its first page size; it also runs 128):
+#   FP8 150.9 us, FP4 124.2 us. Its draws are not published: a seeded draw of the same distributions stands in, and
+#   a request is one batch row of the stand-in's paged kernel (its tokens share the request's KV, as the chip's q
+#   block does), FP8 in the Ascend layout (MX scales with the values), FP4 in either (values and scales apart).
+PUBLISHED_RAGGED: tuple[tuple[int, int, int, int, str, float], ...] = (
+    # (seq_len, seq_len_kv, num_heads, head_dim, dtype, us): mode Causal
+    (4096, 8192, 32, 128, "fp8", 302.6),
+)
+PUBLISHED_PAGED: tuple[tuple[int, int, int, int, int, int, str, float], ...] = (
+    # (requests, avg context, min / max tokens per request, num_heads, head_dim, dtype, us): pages of 64
+    (256, 8192, 3, 7, 32, 128, "fp8", 150.9),
+    (256, 8192, 3, 7, 32, 128, "fp4", 124.2),
+)
+PUBLISHED_PAGE_SIZE = 64
+_SOURCE = "DeepGEMM-Ascend README 2026-09-30 (950DT, CANN 9.20, bench_msprof, cold L2), via issue 25"
+
+
+def paged_benchmark_context_lens(requests: int, avg_kv: int, min_tokens: int, max_tokens: int,
+                                 seed: int = 0) -> list[list[int]]:
+    """Context lengths per request and query token as DeepGEMM-Ascend's paged benchmark draws them (a seeded
+    stand-in for its unpublished draws): a request's context U[0.7, 1.3) x avg_kv, its tokens U{min..max}, token t
+    seeing context + t keys."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(requests):
+        tokens = rng.randint(min_tokens, max_tokens)
+        ctx = rng.randrange(int(0.7 * avg_kv), int(1.3 * avg_kv))
+        rows.append([ctx + t for t in range(tokens)])
+    return rows
+
+
+def _terms(cost: MqaCost) -> tuple[tuple[str, float], ...]:
+    return (("cube", cost.cube_s * 1e6), ("fixpipe", cost.fixpipe_s * 1e6), ("vector", cost.vector_s * 1e6),
+            ("mte2", cost.mte2_s * 1e6), ("l2", cost.l2_s * 1e6), ("hbm", cost.hbm_s * 1e6),
+            ("launch", cost.launch_s * 1e6))
+
+
+def published_checks(arch: str = "950DT") -> list:
+    """The published MQA-logits rows (ragged prefill, paged decode FP8 and FP4) beside the model on ``arch`` with
+    all its AI cores and the config the kernels would pick."""
+    from .published import PublishedCheck
+
+    spec = resolve_target(arch, None)[0]
+    cores = spec.num_ai_cores
+    rows = []
+    for seq_len, seq_len_kv, heads, head_dim, dtype, us in PUBLISHED_RAGGED:
+        desc = MqaDesc(heads, head_dim, dtype, dtype, cores)
+        config = get_best_mqa_config(desc, spec)
+        ke = [i + seq_len_kv - seq_len for i in range(seq_len)]
+        cost = model_mqa(desc, config, spec, seq_len=seq_len, seq_len_kv=seq_len_kv, ks=[0] * seq_len, ke=ke,
+                         token_scale=False)
+        rows.append(PublishedCheck(
+            family="fp8_fp4_mqa_logits",
+            problem=f"{dtype} S={seq_len} S_kv={seq_len_kv} causal H={heads} D={head_dim} "
+                    f"({config.block_q} x {config.block_kv} tiles)",
+            published_us=us, modelled_us=cost.time_s * 1e6, bound=cost.bound, source=_SOURCE, terms=_terms(cost)))
+    for requests, avg_kv, lo, hi, heads, head_dim, dtype, us in PUBLISHED_PAGED:
+        ctx = paged_benchmark_context_lens(requests, avg_kv, lo, hi)
+        desc = MqaDesc(heads, head_dim, dtype, dtype, cores, next_n=hi, ascend_kv_layout=True)
+        config = get_best_mqa_config(desc, spec)
+        cost = model_paged_mqa(desc, config, spec, context_lens=ctx, page_size=PUBLISHED_PAGE_SIZE)
+        rows.append(PublishedCheck(
+            family="fp8_fp4_paged_mqa_logits",
+            problem=f"{dtype} B={requests} x {lo}-{hi} tokens ctx~{avg_kv} page={PUBLISHED_PAGE_SIZE} H={heads} "
+                    f"D={head_dim} ({config.block_q}-token atoms)",
+            published_us=us, modelled_us=cost.time_s * 1e6, bound=cost.bound, source=_SOURCE, terms=_terms(cost)))
+    return rows

@@ -2,10 +2,16 @@
 Ascend 950 (``model_mqa``) and the config choice (``get_best_mqa_config``); plus the paged schedule's work units.
 
 Pure arithmetic, no numpy arrays, no numba. The kernels modelled are templates/mqa_logits.asc.j2 and
-paged_mqa_logits.asc.j2 (lib/mqa.asc.j2): per tile the AIC runs one [block_q * H, block_kv] MAD over head_dim,
-FixPipe moves the fp32 tile to the two AIVs' UB (fp32 at ``fixpipe_bytes_per_cycle``: DeepSeek found their MQA
-kernel FixPipe-bound), and each AIV scales, ReLUs, weights and sums half the keys over the heads and writes bf16.
-Per tile the pipes overlap (every stage is double-buffered); a core's time is its tiles times the slowest pipe.
+paged_mqa_logits.asc.j2 (lib/mqa.asc.j2), organised as DeepGEMM-Ascend's: per tile the AIC runs one
+[block_q * H, block_kv] MAD over head_dim, FixPipe drains it into one AIV's UB (tiles alternate between the two
+AIVs), applying the ReLU and rounding to bf16 on the fly (F322BF16, 64 elements per cycle), and that AIV weights
+and sums the heads (one multiply-accumulate per head per query row) and writes the logits. With the unit flag
+FixPipe drains each MAD as its fractals complete, so the Cube -> FixPipe chain of a tile costs the MAD's fixed
+start plus its fractal sweep, against FixPipe's own stream; for FP8 at head_dim 128 the two streams are equal (64
+outputs per cycle each) and the tile takes the MAD's start on top: the kernel is Cube/FixPipe-bound, the AIVs and
+MTE2 well under it. Per tile the pipes overlap (every stage is double-buffered); a core's time is its tiles times
+the slowest pipe. ``mqa_tile_work`` is the per-tile work both the time model and ``ragged_work`` / ``paged_work``
+(the exact totals of the kernels' walk, tested against their own counters) count.
 """
 
 from __future__ import annotations
@@ -25,7 +31,15 @@ MQA_MIN_HEADS, MQA_MAX_HEADS = 4, 64
 PAGED_SPLIT_KV = 256
 PAGE_SIZES = (32, 64, 128)
 # NOTES: the MAD's rows (query rows x heads) are capped by L0C (two [rows, block_kv] fp32 slots in 256 KiB) and by
-# one AIV's UB (two fp32 [rows, block_kv / 2] stages plus the operator's buffers).
+# one AIV's UB (its bf16 [rows, block_kv] hand-off slot plus the operator's buffers, mqa_ub_bytes).
+# Where the stand-in still differs from DeepGEMM-Ascend's kernel (mqa_logits.hpp), and why: its MAD is up to 128
+# rows x 128 / 256 keys where the chip's is 64 / H * H rows x 512 keys, 8 such MADs per query block sharing one key
+# load (the paged metadata's 256-key units and the ragged kernel's L0B key residency are what the existing tests
+# and get_paged_mqa_logits_metadata pin); its AIV sums the heads in fp32 (each bf16 score widened, an Axpy per head)
+# where the chip multiply-accumulates bf16 scores into bf16 sums (asc_mula), which would round each partial sum to
+# bf16 and break the stand-in's bf16 = RNE(fp32 logits) contract; and it keeps CUDA DeepGEMM's fp32 per-key scale
+# form (the AIV scales and ReLUs then), which the chip's API does not take. The model charges the chip's rates for
+# the work the stand-in issues: the head reduction at the chip's bf16 lanes, FixPipe at 64 bf16 elements per cycle.
 MAX_MAD_ROWS = 128
 # Rows of the AIVs' key-scale tile (lib/mqa.asc.j2 SC_ROWS: the per-key fp32 scales repeated per row, so one Mul
 # scales SC_ROWS rows of the tile; a Mul per row cost more in call overhead than in arithmetic on the CPU).
@@ -33,12 +47,44 @@ MQA_SCALE_ROWS = 32
 # L0B stages of the MQA kernels' AIC (lib/mqa.asc.j2 NUM_L0_STAGES): the ragged kernel skips a tile's key copies
 # when the stage it uses still holds that key block.
 MQA_L0B_STAGES = 2
-# Vector passes per element of the AIV operator (lib/mqa.asc.j2): the per-key scale (Mul, CUDA's fp32 scale form
-# only), the ReLU, and per head one Axpy (a multiply and an add); the bf16 cast is per query row, not per head.
-MQA_VECTOR_OPS = {"relu": 1, "axpy": 2, "token_scale": 1}
-# Fixed per-instruction cost of a Vector instruction on short rows (cycles): issue and pipeline start. Our judgement
-# (the 950's vector pipeline depth), charged once per row-instruction of the operator.
+# NOTES: the MAD's fixed cost beyond its fractal sweep: asc-devkit's Cube instruction table (docs/zh/api/附录/
+# Cube指令理论性能汇总.md) gives a 128 x 256 x 512 fp16 Mmad 4096 cycles of sweep + 60 in theory and 4209-4225
+# measured: the midpoint less the sweep, 121 cycles, is charged once per MAD (shared reference
+# ascend_memory_latency.md, "Fixed costs"). [M]
+MAD_START_CYCLES = 121
+# bf16 lanes of one AIV Vector instruction: 256 B registers (deepgemm_ascend_api.md, "Vector register 256 B");
+# DeepGEMM-Ascend's head reduction is one bf16 multiply-accumulate (asc_mula) per head per register of scores.
+VECTOR_BF16_PER_CYCLE = 128
+# Fixed cost of one vector-function call of the head reduction (cycles): issue and pipeline start, our judgement
+# (the 950's vector pipeline depth); DeepGEMM-Ascend makes one such call per query row (two when it pairs rows).
 VECTOR_ISSUE_CYCLES = 8
+
+
+@dataclass(frozen=True)
+class TileWork:
+    """What one tile of m_rows MAD rows (q_rows query rows x H heads) x kv_rows keys makes each unit do, as the
+    kernels issue it (lib/mqa.asc.j2): the MAD, FixPipe's bf16 bytes into the owning AIV's UB, the head reduction
+    (q_rows * H multiply-accumulate rows of kv_rows lanes) and, in CUDA's fp32 per-key scale form, the AIV's
+    scale Mul (per SC_ROWS score rows) and ReLU per query row."""
+
+    m_rows: int
+    kv_rows: int
+    q_rows: int
+    fixpipe_bytes: int
+    reduce_instructions: int
+    reduce_lanes: int
+    scale_instructions: int
+    scale_lanes: int
+
+
+def mqa_tile_work(desc: MqaDesc, q_rows: int, kv_rows: int, token_scale: bool) -> TileWork:
+    """The per-tile work of q_rows query rows x kv_rows keys (see TileWork)."""
+    h = desc.num_heads
+    m = q_rows * h
+    scale_instr = q_rows * (-(-h // MQA_SCALE_ROWS) + 1) if token_scale else 0
+    return TileWork(m_rows=m, kv_rows=kv_rows, q_rows=q_rows, fixpipe_bytes=m * kv_rows * 2,
+                    reduce_instructions=m, reduce_lanes=m * kv_rows, scale_instructions=scale_instr,
+                    scale_lanes=2 * m * kv_rows if token_scale else 0)
 
 
 @dataclass(frozen=True)
@@ -93,6 +139,17 @@ def paged_token_bytes(dtype: str, head_dim: int, ascend_kv_layout: bool) -> int:
     return storage_bytes(dtype, head_dim) + (head_dim // 32 if ascend_kv_layout else 4)
 
 
+def mqa_ub_bytes(c: MqaConfig) -> int:
+    """One AIV's UB in the kernels (lib/mqa.asc.j2, sized for MAX_MAD_ROWS rows): its hand-off slots (bf16 tiles,
+    num_ub_stages / 2 per AIV), one query row's heads widened to fp32, the key-scale tile, the weights, the fp32 sums
+    and bf16 logits of MAX_MAD_ROWS / 4 query rows, the -inf rows."""
+    n, rows = c.block_kv, MAX_MAD_ROWS
+    def a32(b: int) -> int:
+        return -(-b // 32) * 32
+    return (c.num_ub_stages // 2) * rows * n * 2 + MQA_MAX_HEADS * n * 4 + MQA_SCALE_ROWS * n * 4 + rows * 4 \
+        + rows // 4 * n * 4 + a32(rows // 4 * n * 2) + a32(n * 2) + n * 4
+
+
 def config_violations(desc: MqaDesc, c: MqaConfig, arch: ArchSpec) -> list[str]:
     """Why ``c`` cannot run ``desc`` on ``arch`` (empty when it can): the chip's L1 / L0 / UB capacities."""
     mad_m = c.block_q * desc.num_heads
@@ -110,9 +167,7 @@ def config_violations(desc: MqaDesc, c: MqaConfig, arch: ArchSpec) -> list[str]:
     l1 = mad_m * (d + d // 32) + c.num_l1_stages * c.block_kv * row_bytes
     if l1 > arch.l1_bytes:
         out.append(f"L1 needs {l1} B > {arch.l1_bytes} B")
-    half = c.block_kv // 2
-    ub = c.num_ub_stages * mad_m * half * 4 + MQA_SCALE_ROWS * half * 4 + c.block_q * desc.num_heads * 4 \
-        + c.block_q * half * 6 + half * 2 + half * 4
+    ub = mqa_ub_bytes(c)
     if ub > arch.ub_bytes:
         out.append(f"UB needs {ub} B > {arch.ub_bytes} B")
     return out
@@ -145,20 +200,22 @@ class MqaCost:
 
 def _tile_pipes(desc: MqaDesc, c: MqaConfig, arch: ArchSpec, m_rows: int, kv_rows: int, token_scale: bool,
                 copies: int, copy_bytes: int) -> dict[str, float]:
-    """Busy time of each pipe for one tile of m_rows MAD rows x kv_rows keys (seconds)."""
+    """Busy time of each pipe of one core for one tile of m_rows MAD rows x kv_rows keys (seconds)."""
     clock = arch.clock_hz
+    work = mqa_tile_work(desc, max(1, m_rows // desc.num_heads), kv_rows, token_scale)
     cube_dtype = "fp8" if "fp8" in (desc.q_dtype, desc.kv_dtype) else "fp4"
     c0 = arch.c0_bytes * 8 // (8 if cube_dtype == "fp8" else 4)
     frac = arch.frac_mn
-    cycles = -(-m_rows // frac) * -(-kv_rows // frac) * -(-desc.head_dim // c0)
-    cube = max(cycles, MAD_ISSUE_CYCLES[cube_dtype]) / clock
-    fixpipe = m_rows * kv_rows * 4 / arch.fixpipe_bytes_per_cycle / clock
-    half = -(-kv_rows // AIVS_PER_CORE)
-    ops = MQA_VECTOR_OPS["relu"] + MQA_VECTOR_OPS["axpy"] + (MQA_VECTOR_OPS["token_scale"] if token_scale else 0)
-    rows_q = max(1, m_rows // desc.num_heads)
-    row_instr = m_rows * (2 if token_scale else 1) + rows_q * 2
-    vector = (m_rows * half * ops + rows_q * half) / VECTOR_FP32_PER_CYCLE / clock \
-        + row_instr * VECTOR_ISSUE_CYCLES / clock
+    sweep = -(-m_rows // frac) * -(-kv_rows // frac) * -(-desc.head_dim // c0)
+    # the Cube's MAD: its fixed start plus the sweep; FixPipe drains its fractals behind it (unit flag)
+    cube = (MAD_START_CYCLES + max(sweep, MAD_ISSUE_CYCLES[cube_dtype])) / clock
+    # FixPipe: bf16 out (F322BF16) at 64 elements per cycle (950 spec); the ReLU rides along
+    fixpipe = work.fixpipe_bytes / 2 / MEMORY_FIGURES.fixpipe_elems_per_cycle / clock
+    # the owning AIV: the head reduction (bf16 lanes per register, one call per query row), and CUDA's per-key scale
+    # form's fp32 Mul + ReLU; the two AIVs take alternate tiles, so a core spends half of it per tile
+    owner = work.reduce_lanes / VECTOR_BF16_PER_CYCLE + work.q_rows * VECTOR_ISSUE_CYCLES \
+        + work.scale_lanes / VECTOR_FP32_PER_CYCLE + work.scale_instructions * VECTOR_ISSUE_CYCLES
+    vector = owner / AIVS_PER_CORE / clock
     fig = MEMORY_FIGURES
     mte2 = copies * fig.copy_issue_s + copy_bytes / fig.mte2_bytes_per_s(arch) + fig.gm_latency_s / c.num_l1_stages
     mte1 = kv_rows * storage_bytes(desc.kv_dtype, desc.head_dim) / arch.l1_to_l0_bytes_per_cycle / clock
@@ -182,6 +239,83 @@ def ragged_tiles(seq_len: int, seq_len_kv: int, block_q: int, block_kv: int, ks:
         if hi > lo:
             first, last = lo // block_kv, (hi - 1) // block_kv
             out.append((rows, first, last - first + 1))
+    return out
+
+
+WORK_FIELDS = ("fixpipe_bytes", "fixpipe_tiles", "reduce_instructions", "reduce_lanes", "key_bytes", "mads")
+
+
+def _add_tile(acc: dict[str, int], work: TileWork, key_bytes: int) -> None:
+    acc["fixpipe_bytes"] += work.fixpipe_bytes
+    acc["fixpipe_tiles"] += 1
+    acc["reduce_instructions"] += work.reduce_instructions
+    acc["reduce_lanes"] += work.reduce_lanes
+    acc["key_bytes"] += key_bytes
+    acc["mads"] += 1
+
+
+def ragged_work(desc: MqaDesc, c: MqaConfig, *, seq_len: int, seq_len_kv: int, ks: list[int] | None = None,
+                ke: list[int] | None = None, token_scale: bool = True) -> list[dict[str, int]]:
+    """Per core, the work the ragged kernel issues (WORK_FIELDS totals): its walk (tile t on core t % cores, tiles
+    whose keys miss every row's range skipped), the key copies it skips when its L0B stage still holds the block,
+    and mqa_tile_work per tile. The kernel's own counters (kernels.mqa_logits.count_work) must agree."""
+    cores, d = desc.num_ai_cores, desc.head_dim
+    kv_row = storage_bytes(desc.kv_dtype, d) + (0 if token_scale else d // 32)
+    num_q_blocks = -(-seq_len // c.block_q)
+    num_kv_blocks = -(-seq_len_kv // c.block_kv)
+    spans = []
+    for qb in range(num_q_blocks):
+        q0 = qb * c.block_q
+        rows = min(c.block_q, seq_len - q0)
+        if ks is None:
+            spans.append((rows, 0, seq_len_kv))
+            continue
+        lo, hi = seq_len_kv, 0
+        for i in range(q0, q0 + rows):
+            if ks[i] < ke[i]:
+                lo, hi = min(lo, ks[i]), max(hi, ke[i])
+        spans.append((rows, lo, hi))
+    out = []
+    for core in range(cores):
+        acc = dict.fromkeys(WORK_FIELDS, 0)
+        held, it = [-1] * MQA_L0B_STAGES, 0
+        for t in range(core, num_q_blocks * num_kv_blocks, cores):
+            rows, lo, hi = spans[t // num_kv_blocks]
+            kv0 = (t % num_kv_blocks) * c.block_kv
+            if kv0 >= hi or kv0 + c.block_kv <= lo:
+                continue
+            n = min(c.block_kv, seq_len_kv - kv0)
+            resident = held[it % MQA_L0B_STAGES] == kv0
+            held[it % MQA_L0B_STAGES] = kv0
+            it += 1
+            _add_tile(acc, mqa_tile_work(desc, rows, n, token_scale), 0 if resident else n * kv_row)
+        out.append(acc)
+    return out
+
+
+def paged_work(desc: MqaDesc, c: MqaConfig, *, context_lens: list[list[int]],
+               token_scale: bool | None = None) -> list[dict[str, int]]:
+    """Per core, the work the paged kernel issues (WORK_FIELDS totals): core c's share [starts[c], starts[c + 1])
+    of the (atom, unit) order (split_units), every unit gathering its keys' pages (the cache layout's bytes per
+    token, whatever the page size), mqa_tile_work per unit."""
+    cores, atom = desc.num_ai_cores, c.block_q
+    token = paged_token_bytes(desc.kv_dtype, desc.head_dim, desc.ascend_kv_layout)
+    if token_scale is None:
+        token_scale = (not desc.ascend_kv_layout) and desc.kv_dtype == "fp8"
+    flat = []  # (q_rows, kv_rows) per unit, in the schedule's order
+    for row in context_lens:
+        next_n = len(row)
+        for t0 in range(0, next_n, atom):
+            ctx = max(0, max(row[t0:t0 + atom]))
+            for u in range(-(-ctx // PAGED_SPLIT_KV)):
+                flat.append((min(atom, next_n - t0), min(PAGED_SPLIT_KV, ctx - u * PAGED_SPLIT_KV)))
+    starts = split_units(len(flat), cores)
+    out = []
+    for core in range(cores):
+        acc = dict.fromkeys(WORK_FIELDS, 0)
+        for rows, n in flat[starts[core]:starts[core + 1]]:
+            _add_tile(acc, mqa_tile_work(desc, rows, n, token_scale), n * token)
+        out.append(acc)
     return out
 
 

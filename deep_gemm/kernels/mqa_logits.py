@@ -1,9 +1,15 @@
 """MQA-logits launchers: the ragged kernel (templates/mqa_logits.asc.j2, family MQA_LOGITS) and the paged one
 (templates/paged_mqa_logits.asc.j2, family PAGED_MQA_LOGITS), mixed Cube + Vector kernels sharing lib/mqa.asc.j2.
-Inputs arrive validated and in the kernels' layouts (deep_gemm/api/attention.py); nothing here computes logits.
+Inputs arrive validated and in the kernels' layouts (deep_gemm/api/mqa_logits.py, paged_mqa_logits.py); nothing
+here computes logits. ``count_work()`` collects the kernels' own work counters (FixPipe bytes, Vector instructions,
+...) per launch, which the cost model is tested against.
 """
 
 from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -19,6 +25,37 @@ _NO_SCALE = np.ones(1, np.float32)
 # NOTES: the logits output of the dtype not written (the kernels write gm_logits or gm_logits_f32, by logits_f32).
 _NO_LOGITS_BF16 = np.zeros(1, np.uint16)
 _NO_LOGITS_F32 = np.zeros(1, np.float32)
+
+
+# The kernels' work counters (lib/mqa.asc.j2 W_*): int64 per core and slot.
+WORK_SLOTS = 8
+WORK_NAMES = ("fixpipe_bytes", "fixpipe_tiles", "reduce_instructions", "reduce_lanes", "key_bytes", "mads",
+              "other_vector_instructions")
+_counting = threading.local()
+
+
+@contextlib.contextmanager
+def count_work() -> Iterator[list[dict[str, np.ndarray]]]:
+    """Within the block, every MQA-logits launch of this thread appends its work counters: a dict of WORK_NAMES ->
+    int64 [cores] (what each core's AIC / AIVs issued, added up by the kernel itself at each instruction site)."""
+    runs: list[dict[str, np.ndarray]] = []
+    previous = getattr(_counting, "runs", None)
+    _counting.runs = runs
+    try:
+        yield runs
+    finally:
+        _counting.runs = previous
+
+
+def _work_buffer(num_ai_cores: int) -> np.ndarray:
+    return np.zeros(num_ai_cores * WORK_SLOTS, np.int64)
+
+
+def _record_work(work: np.ndarray, num_ai_cores: int) -> None:
+    runs = getattr(_counting, "runs", None)
+    if runs is not None:
+        per_core = work.reshape(num_ai_cores, WORK_SLOTS)
+        runs.append({name: per_core[:, i].copy() for i, name in enumerate(WORK_NAMES)})
 
 
 def _logits_args(logits: np.ndarray) -> dict[str, object]:
@@ -90,7 +127,10 @@ def launch_mqa_logits(q: np.ndarray, sfq: np.ndarray | None, kv: np.ndarray, sfk
                 num_heads=num_heads, head_dim=head_dim, block_q=prepared.config.block_q)
     args["gm_sfq"], args["stride_sfq"] = (_NO_SF, 0) if sfq is None else gm_view(sfq, np.int16)
     args["gm_sfkv"], args["stride_sfkv"] = (_NO_SF, 0) if sfkv is None else gm_view(sfkv, np.int16)
+    cores = current_target()[0]
+    args["gm_work"] = work = _work_buffer(cores)
     prepared.launch(**args)
+    _record_work(work, cores)
     return prepared.config
 
 
@@ -132,5 +172,8 @@ def launch_paged_mqa_logits(q: np.ndarray, sfq: np.ndarray | None, cache: np.nda
                 kv_token_scale=int(not ascend_kv_layout and kv_dtype == "fp8"), num_heads=num_heads,
                 head_dim=head_dim, block_q=prepared.config.block_q)
     args["gm_sfq"], args["stride_sfq"] = (_NO_SF, 0) if sfq is None else gm_view(sfq, np.int16)
+    cores = current_target()[0]
+    args["gm_work"] = work = _work_buffer(cores)
     prepared.launch(**args)
+    _record_work(work, cores)
     return prepared.config
