@@ -1,7 +1,8 @@
 """The HC pre-norm cost model and its kernel stay in step: a dry run of the real generated kernel (its translated
 kernel.py executed in plain Python with every device intrinsic replaced by a counter, nothing compiled by numba)
 counts, per core and AIV, the bytes each copy moves, the L0 loads, the MADs, the FixPipe elements and the Vector
-unit's half-tile passes (one Cast per half tile), and heuristics/hc_prenorm.py's ``unit_work`` must give the same figures for that core's units."""
+unit's half-tile passes (one Cast per half tile), and heuristics/hc_prenorm.py's ``unit_work`` must give the same
+figures for that core's units."""
 
 from __future__ import annotations
 
