@@ -34,6 +34,7 @@ from .._torch import accepts_torch
 from ..utils.formats import BF16_DTYPE
 from ..utils.math import align
 from ..utils.tma import get_tma_aligned_size
+from ._checks import array, positive_int
 from .group import as_group
 from .transport import Transport, region_bytes
 
@@ -79,20 +80,6 @@ class EPHandle:
                 f"num_recv_tokens={self.num_recv_tokens}, num_expanded_tokens={self.num_expanded_tokens})")
 
 
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name} must be a positive int: {name}={value!r}")
-    return int(value)
-
-
-def _array(value, name: str, ndim: int) -> np.ndarray:
-    if not isinstance(value, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array or CPU tensor: {type(value).__name__}")
-    if value.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dims: {name}.shape={value.shape}")
-    return value
-
-
 def _byte_rows(a: np.ndarray) -> np.ndarray:
     a = np.ascontiguousarray(a)
     width = int(np.prod(a.shape[1:], dtype=np.int64)) * a.dtype.itemsize
@@ -100,7 +87,7 @@ def _byte_rows(a: np.ndarray) -> np.ndarray:
 
 
 def _check_topk(topk_idx, num_tokens: int, num_experts: int) -> np.ndarray:
-    topk_idx = _array(topk_idx, "topk_idx", 2)
+    topk_idx = array(topk_idx, "topk_idx", 2)
     if topk_idx.dtype.kind not in "iu":
         raise TypeError(f"topk_idx must be an integer array (int64): {topk_idx.dtype=}")
     if topk_idx.shape[0] != num_tokens:
@@ -169,7 +156,7 @@ class ElasticBuffer:
                              allocate_on_comm_stream: bool = False):
         """``(num_tokens_per_rank int32 [R], None, num_tokens_per_expert int32 [E], is_token_in_rank bool [T, R],
         event)`` for this rank's routing (local: no communication)."""
-        num_experts = _positive_int(num_experts, "num_experts")
+        num_experts = positive_int(num_experts, "num_experts")
         if num_experts % self.num_ranks:
             raise ValueError(f"num_experts must be a multiple of the rank count: {num_experts=} "
                              f"num_ranks={self.num_ranks}")
@@ -196,10 +183,10 @@ class ElasticBuffer:
         layout, ``recv_topk_idx`` None, ``recv_topk_weights`` [M] (the route's weight; 0 in padding)."""
         # Argument checks (nothing is sent before they pass)
         x, sf = x if isinstance(x, tuple) else (x, None)
-        x = _array(x, "x", 2)
+        x = array(x, "x", 2)
         num_tokens, hidden = x.shape
         if sf is not None:
-            sf = _array(sf, "x[1] (scales)", 2)
+            sf = array(sf, "x[1] (scales)", 2)
             if sf.shape[0] != num_tokens:
                 raise ValueError(f"the scales must have one row per token: {sf.shape=} {x.shape=}")
         if handle is not None:
@@ -216,29 +203,29 @@ class ElasticBuffer:
             do_expand = handle.do_expand
         if topk_idx is None:
             raise ValueError("dispatch needs topk_idx (or a cached handle)")
-        num_experts = _positive_int(num_experts, "num_experts")
+        num_experts = positive_int(num_experts, "num_experts")
         if num_experts % self.num_ranks:
             raise ValueError(f"num_experts must be a multiple of the rank count: {num_experts=} "
                              f"num_ranks={self.num_ranks}")
-        expert_alignment = _positive_int(1 if expert_alignment is None else expert_alignment, "expert_alignment")
+        expert_alignment = positive_int(1 if expert_alignment is None else expert_alignment, "expert_alignment")
         t_max = num_max_tokens_per_rank or self.num_max_tokens_per_rank
         if not t_max:
             t_max = max(self.group.all_gather_object(num_tokens))
-        t_max = _positive_int(t_max, "num_max_tokens_per_rank")
+        t_max = positive_int(t_max, "num_max_tokens_per_rank")
         if num_tokens > t_max:
             raise ValueError(f"more tokens than num_max_tokens_per_rank: {x.shape=} {t_max=}")
         topk_idx_in = topk_idx
         topk_idx = _check_topk(topk_idx, num_tokens, num_experts)
         num_topk = topk_idx.shape[1]
         if topk_weights is not None:
-            topk_weights = _array(topk_weights, "topk_weights", 2)
+            topk_weights = array(topk_weights, "topk_weights", 2)
             if topk_weights.shape != topk_idx.shape or topk_weights.dtype != np.float32:
                 raise ValueError(f"topk_weights must be float32 shaped like topk_idx: {topk_weights.shape=} "
                                  f"{topk_weights.dtype=} {topk_idx.shape=}")
         num_local = num_experts // self.num_ranks
         stats = cumulative_local_expert_recv_stats
         if stats is not None:
-            stats = _array(stats, "cumulative_local_expert_recv_stats", 1)
+            stats = array(stats, "cumulative_local_expert_recv_stats", 1)
             if stats.shape != (num_local,) or stats.dtype.kind != "i":
                 raise ValueError(f"cumulative_local_expert_recv_stats must be int [{num_local}]: {stats.shape=} "
                                  f"{stats.dtype=}")
@@ -357,7 +344,7 @@ class ElasticBuffer:
         # Argument checks
         if not isinstance(handle, EPHandle):
             raise TypeError(f"combine needs the EPHandle dispatch returned: {type(handle).__name__}")
-        x = _array(x, "x", 2)
+        x = array(x, "x", 2)
         rows_expected = handle.num_expanded_tokens if handle.do_expand else handle.num_recv_tokens
         if x.shape[0] != rows_expected:
             raise ValueError(f"combine's x must have {rows_expected} rows (the handle's "
@@ -368,14 +355,14 @@ class ElasticBuffer:
         num_tokens, hidden = handle.topk_idx.shape[0], x.shape[1]
         if topk_weights is not None:
             want = (handle.num_expanded_tokens,) if handle.do_expand else (num_recv, num_topk)
-            topk_weights = _array(topk_weights, "topk_weights", len(want))
+            topk_weights = array(topk_weights, "topk_weights", len(want))
             if topk_weights.shape != want or topk_weights.dtype != np.float32:
                 raise ValueError(f"combine's topk_weights must be float32 {list(want)}: {topk_weights.shape=} "
                                  f"{topk_weights.dtype=}")
         biases = () if bias is None else (bias if isinstance(bias, tuple) else (bias,))
         if len(biases) > 2:
             raise ValueError(f"bias takes at most two arrays: {len(biases)=}")
-        biases = tuple(_array(b, "bias", 2) for b in biases)
+        biases = tuple(array(b, "bias", 2) for b in biases)
         for b in biases:
             if b.shape != (num_tokens, hidden):
                 raise ValueError(f"bias must be [{num_tokens}, {hidden}]: {b.shape=}")

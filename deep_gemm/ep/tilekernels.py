@@ -30,27 +30,14 @@ import numpy as np
 from ..api.guard import api_call, protect
 from ..utils.formats import BF16_DTYPE, FP8_DTYPE
 from ..utils.math import align
+from ._checks import array, positive_int
 
 FP8_MAX = np.float32(448.0)
 FP8_SF_CLAMP_MIN = np.float32(1e-4)  # TileKernels' minimum amax for e4m3
 
 
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name} must be a positive int: {name}={value!r}")
-    return int(value)
-
-
-def _array(value, name: str, ndim: int | None = None) -> np.ndarray:
-    if not isinstance(value, np.ndarray):
-        raise TypeError(f"{name} must be a numpy array or CPU tensor: {type(value).__name__}")
-    if ndim is not None and value.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dims: {name}.shape={value.shape}")
-    return value
-
-
 def _int_map(value, name: str, shape: tuple) -> np.ndarray:
-    value = _array(value, name, len(shape))
+    value = array(value, name, len(shape))
     if value.dtype.kind not in "iu" or value.shape != shape:
         raise ValueError(f"{name} must be an integer array of shape {list(shape)}: {value.shape=} {value.dtype=}")
     return value
@@ -86,11 +73,11 @@ def fma_fp32(a, b, c) -> np.ndarray:
 def get_fused_mapping(topk_idx, num_experts: int, num_expanded_tokens: int, alignment: int,
                       force_no_sync: bool = False):
     """The fused expert-major layout of a routing (see the module docstring)."""
-    topk_idx = _array(topk_idx, "topk_idx", 2)
+    topk_idx = array(topk_idx, "topk_idx", 2)
     if topk_idx.dtype != np.int64:
         raise TypeError(f"topk_idx must be int64: {topk_idx.dtype=}")
-    num_experts = _positive_int(num_experts, "num_experts")
-    alignment = _positive_int(alignment, "alignment")
+    num_experts = positive_int(num_experts, "num_experts")
+    alignment = positive_int(alignment, "alignment")
     if isinstance(num_expanded_tokens, bool) or not isinstance(num_expanded_tokens, (int, np.integer)) \
             or num_expanded_tokens < 0:
         raise ValueError(f"num_expanded_tokens must be a non-negative int: {num_expanded_tokens=}")
@@ -138,10 +125,10 @@ def get_fused_mapping(topk_idx, num_experts: int, num_expanded_tokens: int, alig
 
 
 def _check_expand(x, token_topk_to_pos, pos_to_expert):
-    x = _array(x, "x", 2)
-    token_topk_to_pos = _array(token_topk_to_pos, "token_topk_to_pos", 2)
+    x = array(x, "x", 2)
+    token_topk_to_pos = array(token_topk_to_pos, "token_topk_to_pos", 2)
     token_topk_to_pos = _int_map(token_topk_to_pos, "token_topk_to_pos", (x.shape[0], token_topk_to_pos.shape[1]))
-    pos_to_expert = _array(pos_to_expert, "pos_to_expert", 1)
+    pos_to_expert = array(pos_to_expert, "pos_to_expert", 1)
     pos = token_topk_to_pos.reshape(-1)
     if pos.size and pos.max() >= pos_to_expert.shape[0]:
         raise ValueError(f"token_topk_to_pos points past pos_to_expert: max={pos.max()} {pos_to_expert.shape=}")
@@ -170,7 +157,7 @@ def expand_to_fused_with_sf(x, num_per_channels: int, token_topk_to_pos, pos_to_
         raise ValueError(f"num_per_channels must be 32 or 128: {num_per_channels=}")
     data, sf = x
     data, pos, num_expanded = _check_expand(data, token_topk_to_pos, pos_to_expert)
-    sf = _array(sf, "x[1] (sf)", 2)
+    sf = array(sf, "x[1] (sf)", 2)
     if sf.shape[0] != data.shape[0]:
         raise ValueError(f"sf must have one row per token: {sf.shape=} {data.shape=}")
     num_topk = token_topk_to_pos.shape[1]
@@ -190,9 +177,9 @@ def expand_to_fused_with_sf(x, num_per_channels: int, token_topk_to_pos, pos_to_
 def reduce_fused(x, topk_weights, token_topk_to_pos, fp8_format: str = "", sf=None, out=None) -> np.ndarray:
     """[num_expanded_tokens, H] -> [T, H]: fp32 fused multiply-adds over each token's slots in order."""
     x, x_sf = x if isinstance(x, tuple) else (x, None)
-    x = _array(x, "x", 2)
+    x = array(x, "x", 2)
     num_expanded, hidden = x.shape
-    token_topk_to_pos = _array(token_topk_to_pos, "token_topk_to_pos", 2)
+    token_topk_to_pos = array(token_topk_to_pos, "token_topk_to_pos", 2)
     if token_topk_to_pos.dtype.kind not in "iu":
         raise TypeError(f"token_topk_to_pos must be integer: {token_topk_to_pos.dtype=}")
     num_tokens, num_topk = token_topk_to_pos.shape
@@ -204,20 +191,20 @@ def reduce_fused(x, topk_weights, token_topk_to_pos, fp8_format: str = "", sf=No
         raise ValueError("only FP8 output (fp8_format='e4m3') takes sf")
     out_dtype = FP8_DTYPE if fp8_format == "e4m3" else x.dtype
     if topk_weights is not None:
-        topk_weights = _array(topk_weights, "topk_weights", 2)
+        topk_weights = array(topk_weights, "topk_weights", 2)
         if topk_weights.shape != (num_tokens, num_topk):
             raise ValueError(f"topk_weights must be [{num_tokens}, {num_topk}]: {topk_weights.shape=}")
     if x_sf is not None:
-        x_sf = _array(x_sf, "x[1] (per-row sf)", None).reshape(-1)
+        x_sf = array(x_sf, "x[1] (per-row sf)", None).reshape(-1)
         if x_sf.shape[0] != num_expanded:
             raise ValueError(f"the per-row sf must have {num_expanded} entries: {x_sf.shape=}")
     if sf is not None:
-        sf = np.asarray(_array(sf, "sf"), np.float32).reshape(-1)
+        sf = np.asarray(array(sf, "sf"), np.float32).reshape(-1)
     pos = token_topk_to_pos
     if pos.size and pos.max() >= num_expanded:
         raise ValueError(f"token_topk_to_pos points past x: max={pos.max()} {num_expanded=}")
     if out is not None:
-        out = _array(out, "out", 2)
+        out = array(out, "out", 2)
         if out.shape != (num_tokens, hidden) or out.dtype != out_dtype:
             raise ValueError(f"out must be {out_dtype} [{num_tokens}, {hidden}]: {out.shape=} {out.dtype=}")
 
@@ -264,7 +251,7 @@ def swiglu_forward_and_per_token_cast(x, fmt: str, num_per_channels: int, pos_to
                                       swiglu_clamp_value: float | None = None, clamped_count=None,
                                       sf_clamp_min: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """x [N, 2H] bf16/fp32 (gate | up halves) -> (e4m3 [N, H], sf); see the module docstring."""
-    x = _array(x, "x", 2)
+    x = array(x, "x", 2)
     if x.dtype not in (BF16_DTYPE, np.dtype(np.float32)):
         raise TypeError(f"x must be bf16 or fp32: {x.dtype=}")
     num_rows, hidden2 = x.shape
@@ -283,7 +270,7 @@ def swiglu_forward_and_per_token_cast(x, fmt: str, num_per_channels: int, pos_to
         pos_to_token_topk = _int_map(pos_to_token_topk, "pos_to_token_topk", (num_rows,))
         if topk_weights is None:
             raise ValueError("pos_to_token_topk needs topk_weights")
-        topk_weights = _array(topk_weights, "topk_weights", 2)
+        topk_weights = array(topk_weights, "topk_weights", 2)
         if pos_to_token_topk.size and pos_to_token_topk.max() >= topk_weights.size:
             raise ValueError(f"pos_to_token_topk points past topk_weights: max={pos_to_token_topk.max()} "
                              f"{topk_weights.shape=}")
@@ -292,7 +279,7 @@ def swiglu_forward_and_per_token_cast(x, fmt: str, num_per_channels: int, pos_to
     if clamped_count is not None:
         if swiglu_clamp_value is None:
             raise ValueError("clamped_count needs swiglu_clamp_value")
-        clamped_count = _array(clamped_count, "clamped_count", 1)
+        clamped_count = array(clamped_count, "clamped_count", 1)
         if clamped_count.shape != (3,) or clamped_count.dtype != np.int64:
             raise ValueError(f"clamped_count must be int64 [3]: {clamped_count.shape=} {clamped_count.dtype=}")
 
