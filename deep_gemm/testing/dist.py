@@ -50,6 +50,7 @@ from ..ep.group import (
     init_control,
     raise_abort,
     rank_status,
+    read_abort,
     set_default_group,
 )
 
@@ -187,6 +188,13 @@ def spawn(fn, num_ranks: int, *args, timeout: float = 600.0, start_method: str =
                     procs[rank].join()
                     results[rank] = _RankResult(False, None, None, f"rank {rank} killed by the supervisor: {why}")
                 pending.clear()
+        # NOTES: reports arrive in any order: a rank that failed only because a peer aborted the group may report
+        # first. The abort word names the rank that raised it first (first writer wins), the root cause.
+        aborted, culprit, _ = read_abort(mm)
+        if (aborted and first_failure is not None and culprit != first_failure[0] and 0 <= culprit < num_ranks
+                and results[culprit] is not None and not results[culprit].ok):
+            text = results[culprit].text
+            first_failure = (culprit, text.strip().splitlines()[-1] if text else "")
         for proc in procs:
             proc.join(5)
     finally:
