@@ -21,7 +21,7 @@ import uuid
 import weakref
 from pathlib import Path
 
-from . import cache, events, files
+from . import cache, events, files, sources
 
 MANIFEST = "numba.json"  # {"files": {file name: sha256}, "sha256": sha256 of the canonical files mapping}
 LOCK = ".lock"
@@ -393,12 +393,17 @@ def _verified_cache_class():
 
 @functools.cache
 def _sources_tag(source_dir: Path) -> str:
-    """A hash of ``source_dir``'s path and of every module of the deep_gemm package (relative name and bytes),
-    read once per process and directory."""
+    """A hash of ``source_dir``'s path and of the package modules its functions can reach: its own modules and,
+    transitively, every module of the package they import (names and bytes; read once per process and
+    directory). An edit elsewhere in the package leaves these functions' cache alone."""
     package = Path(__file__).resolve().parent.parent
+    prefix = ".".join(source_dir.relative_to(package.parent).parts)
+    modules = {prefix if p.stem == "__init__" else f"{prefix}.{p.stem}" for p in source_dir.glob("*.py")}
     digest = hashlib.sha1(str(source_dir).encode())
-    for path in sorted(package.rglob("*.py")):
-        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for module in sorted(sources.import_closure(modules, package.name, with_jit=True)):
+        path = sources.module_file(module)
+        if path is not None:
+            digest.update(module.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
 
@@ -409,7 +414,8 @@ def _shared_directory(source_dir: Path) -> Path | None:
     NOTES: numba checks a cached function only against its own file's stamp, but a device function inlines the
     functions it calls from other modules and freezes the constants it reads from them (heuristics.capacity): keyed
     by one file, an edited callee (an upgrade of deep_gemm) would leave its callers' stale machine code in use.
-    Every module of the package is in the tag, so any edit rebuilds the device functions once."""
+    Every module the directory's modules reach through imports is in the tag, so an edit of any of them rebuilds
+    these functions once (and an edit of an unrelated module, say api/, none)."""
     try:
         root = cache.cache_roots().write
     except OSError:

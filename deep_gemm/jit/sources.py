@@ -155,10 +155,10 @@ def _bound_names(module: str) -> frozenset[str]:
 _JIT_PACKAGE = __name__.rsplit(".", 1)[0]  # deep_gemm.jit
 
 
-def _closure(modules: set[str], scope: str) -> set[str]:
-    """``modules`` plus every module of package ``scope`` they import, transitively (source modules only), except
-    the JIT's own modules: those count through CODEGEN_SOURCES (numba_setup, enums, ...) or not at all (the cache,
-    the launcher: a kernel's code does not depend on them)."""
+def import_closure(modules: set[str], scope: str, with_jit: bool = False) -> set[str]:
+    """``modules`` plus every module of package ``scope`` they import, transitively (source modules only). Without
+    ``with_jit`` the JIT's own modules are left out: for a kernel's key they count through CODEGEN_SOURCES
+    (numba_setup, enums, ...) or not at all (the cache, the launcher: a kernel's code does not depend on them)."""
     todo, seen = list(modules), set()
     while todo:
         module = todo.pop()
@@ -167,7 +167,7 @@ def _closure(modules: set[str], scope: str) -> set[str]:
         seen.add(module)
         for source in set(module_imports(module).values()):
             in_scope = source == scope or source.startswith(scope + ".")
-            if in_scope and not (source == _JIT_PACKAGE or source.startswith(_JIT_PACKAGE + ".")):
+            if in_scope and (with_jit or not (source == _JIT_PACKAGE or source.startswith(_JIT_PACKAGE + "."))):
                 todo.append(source)
     return seen
 
@@ -186,7 +186,7 @@ def device_dependencies(device_module: str, rendered: str) -> dict[str, object]:
     imported = module_imports(device_module)
     intrinsics = {name: imported.get(name, device_module) for name in sorted(used)}
     scope = device_module.split(".")[0]
-    modules = _closure(set(intrinsics.values()), scope)
+    modules = import_closure(set(intrinsics.values()), scope)
     files = [(m, module_file(m)) for m in modules]
     return {"intrinsics": intrinsics, "modules": sorted(modules),
             "sha256": _digest_files([(m, p) for m, p in files if p is not None])}

@@ -141,6 +141,48 @@ def test_device_key_covers_the_modules_a_kernel_uses(fake_device):
     assert key()[0] not in (base, changed)
 
 
+def test_numba_cache_of_a_device_directory_follows_its_imports_only(tmp_path, monkeypatch):
+    """numba checks a cached function against its own file only, but a device function inlines its callees from
+    other modules: the shared numba directory of a source directory is keyed by every module its functions can
+    reach (imports at top level and inside functions, transitively). An edit there moves the functions to a fresh
+    directory; an edit elsewhere in the package does not."""
+    top = tmp_path / f"fakepkg_{tmp_path.name.replace('-', '_')}"
+    files = {
+        "__init__.py": "",
+        "dev/__init__.py": "from .a import f\n",
+        "dev/a.py": "def f(x):\n    from ..lib.c import K\n    return x + K\n",
+        "lib/__init__.py": "",
+        "lib/c.py": "from .d import BASE\nK = BASE + 1\n",
+        "lib/d.py": "BASE = 1\n",
+        "api/x.py": "from ..dev import f\n",
+        "jit/__init__.py": "",
+    }
+    for name, text in files.items():
+        (top / name).parent.mkdir(parents=True, exist_ok=True)
+        (top / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(numba_cache, "__file__", str(top / "jit" / "numba_cache.py"))
+    monkeypatch.setattr(cache, "cache_roots", lambda: cache.CacheRoots(tmp_path / "root", ()))
+
+    def directory():
+        sources.clear_caches()  # as a new process would see the files
+        numba_cache._sources_tag.cache_clear()
+        return numba_cache._shared_directory(top / "dev")
+
+    first = directory()
+    assert first.parent == tmp_path / "root" / numba_cache.SHARED_DIR and first.name.startswith("dev_")
+    assert directory() == first
+    (top / "api/x.py").write_text(files["api/x.py"] + "# edited\n")  # imports dev; dev does not import it
+    assert directory() == first
+    (top / "lib/d.py").write_text("BASE = 2\n")  # reached through a function-level import, then a module import
+    second = directory()
+    (top / "dev/a.py").write_text(files["dev/a.py"] + "# edited\n")
+    third = directory()
+    assert len({first, second, third}) == 3
+    sources.clear_caches()
+    numba_cache._sources_tag.cache_clear()
+
+
 def test_gemm_keys_survive_a_new_device_module_and_follow_the_used_ones(monkeypatch):
     """The real fp8_gemm template against the real deep_gemm.device, as if a new intrinsic module were added."""
     from deep_gemm.heuristics.config import GemmConfig, GemmDesc
@@ -388,30 +430,3 @@ def test_bad_arguments_to_build():
         build("not a name", {"NUM_AI_CORES": 1})
     with pytest.raises(TypeError, match="X"):
         build("vadd", {"NUM_AI_CORES": 1, "X": object()}, template="examples/vadd", device_module=EXAMPLE_DEVICE)
-
-
-def test_device_functions_cache_is_keyed_by_every_package_module(tmp_path, monkeypatch):
-    # numba checks a cached function against its own file only; a device function inlines its callees from other
-    # modules, so an edit anywhere in the package must move the device functions to a fresh directory.
-    package = tmp_path / "pkg"
-    (package / "device").mkdir(parents=True)
-    (package / "jit").mkdir()
-    (package / "device" / "cube.py").write_text("def mad(): return callee()\n")
-    (package / "device" / "vector.py").write_text("def callee(): return 1\n")
-    (package / "heuristics.py").write_text("L0_BYTES = 65536\n")
-    monkeypatch.setattr(numba_cache, "__file__", str(package / "jit" / "numba_cache.py"))
-    monkeypatch.setattr(cache, "cache_roots", lambda: cache.CacheRoots(tmp_path / "root", ()))
-
-    def directory():
-        numba_cache._sources_tag.cache_clear()
-        return numba_cache._shared_directory(package / "device")
-
-    first = directory()
-    assert first.parent == tmp_path / "root" / numba_cache.SHARED_DIR and first.name.startswith("device_")
-    assert directory() == first
-    (package / "device" / "vector.py").write_text("def callee(): return 2\n")
-    second = directory()
-    (package / "heuristics.py").write_text("L0_BYTES = 32768\n")
-    third = directory()
-    assert len({first, second, third}) == 3
-    numba_cache._sources_tag.cache_clear()
