@@ -116,13 +116,9 @@ print(json.dumps({{"min": times[0], "median": times[len(times) // 2], "p90": tim
 """
 
 
-# NOTES: the operands are made before the clock starts (with numpy and ml_dtypes only, which a user's process has
-# anyway); the clock then covers `import deep_gemm` and the first call, and a second call gives the compute alone.
-STARTUP = """
-import json, sys, time
-import numpy as np
-import ml_dtypes
-m = n = k = {size}
+# The FP8 operands of an M = N = K = {size} call, made with numpy and ml_dtypes only (a child script's lines, before
+# `import deep_gemm`; startup_bench.py uses them too).
+FP8_OPERANDS = """m = n = k = {size}
 rng = np.random.default_rng(0)
 def operand(mn):
     codes = rng.integers(0, 256, size=(mn, k), dtype=np.uint8)
@@ -131,7 +127,15 @@ def operand(mn):
     return codes.view(ml_dtypes.float8_e4m3fn), sf
 a, b = operand(m), operand(n)
 d = np.empty((m, n), ml_dtypes.bfloat16)
-t0, c0 = time.perf_counter(), time.process_time()
+"""
+
+# NOTES: the operands are made before the clock starts (with numpy and ml_dtypes only, which a user's process has
+# anyway); the clock then covers `import deep_gemm` and the first call, and a second call gives the compute alone.
+STARTUP = """
+import json, sys, time
+import numpy as np
+import ml_dtypes
+""" + FP8_OPERANDS + """t0, c0 = time.perf_counter(), time.process_time()
 import deep_gemm
 t1 = time.perf_counter()
 deep_gemm.fp8_gemm_nt(a, b, d)

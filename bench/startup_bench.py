@@ -32,6 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from jit_bench import FP8_OPERANDS  # noqa: E402  (bench/ is not a package)
+
 REPO = Path(__file__).resolve().parent.parent
 TARGET_S = 0.3
 HEAVY_MODULES = ("numba", "llvmlite", "jinja2", "tree_sitter", "tree_sitter_cpp", "torch", "jax", "scipy")
@@ -51,16 +54,7 @@ t_numpy = time.perf_counter()
 import ml_dtypes
 t_ml = time.perf_counter()
 print({marks[operands]!r}, file=sys.stderr, flush=True)
-m = n = k = {size}
-rng = np.random.default_rng(0)
-def operand(mn):
-    codes = rng.integers(0, 256, size=(mn, k), dtype=np.uint8)
-    codes[(codes & 0x7F) == 0x7F] = 0
-    sf = np.ldexp(np.float32(1), rng.integers(-9, -6, size=(mn, k // 32))).astype(np.float32)
-    return codes.view(ml_dtypes.float8_e4m3fn), sf
-a, b = operand(m), operand(n)
-d = np.empty((m, n), ml_dtypes.bfloat16)
-print({marks[deep_gemm]!r}, file=sys.stderr, flush=True)
+""" + FP8_OPERANDS + """print({marks[deep_gemm]!r}, file=sys.stderr, flush=True)
 t_operands = time.perf_counter()
 import deep_gemm
 t_import = time.perf_counter()

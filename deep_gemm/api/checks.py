@@ -28,6 +28,23 @@ OUT_KINDS = {BF16: "bf16", FP32: "fp32"}
 MAX_DIM = 2**32 - 1
 
 
+def dtype_by_name(value: object, arg: str, allowed: dict[str, np.dtype], what: str) -> np.dtype:
+    """The dtype of ``allowed`` (by name) that ``value`` names: a numpy / ml_dtypes dtype, its type or its name, or a
+    torch dtype object (torch.float32 -> "float32"), told apart without importing torch. TypeError naming ``arg``
+    and ``value`` otherwise, ``what`` saying what is allowed."""
+    name = value if isinstance(value, str) else None
+    if type(value).__module__.split(".")[0] == "torch":
+        name = str(value).removeprefix("torch.")
+    elif name is None:
+        try:
+            name = np.dtype(value).name
+        except TypeError:
+            name = None
+    if name not in allowed:
+        raise TypeError(f"{arg}={value!r} must be {what}")
+    return allowed[name]
+
+
 def require_array(x: object, name: str) -> np.ndarray:
     """``x`` as a plain numpy.ndarray (a subclass such as np.matrix or np.memmap is viewed as its base array: same
     memory, plain semantics); TypeError for masked arrays (their mask would be ignored) and for non-arrays."""

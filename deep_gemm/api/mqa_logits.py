@@ -17,7 +17,7 @@ import numpy as np
 from ..heuristics.mqa import MQA_FP4_HEAD_DIMS, MQA_HEAD_DIMS, MQA_MAX_HEADS, MQA_MIN_HEADS, storage_bytes
 from ..utils.layout import transform_sf_into_required_layout
 from ..utils.math import align
-from .checks import BF16, FP8, FP32, INT16, PACKED_FP4, require_array
+from .checks import BF16, FP8, FP32, INT16, PACKED_FP4, dtype_by_name, require_array
 from .guard import api_call, protect
 
 # NOTES: DeepGEMM-Ascend pads the logits' row stride to 512 bytes (256 bf16 elements; 128 fp32 ones here).
@@ -64,18 +64,8 @@ _LOGITS_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtype
 def _logits_dtype(logits_dtype: object) -> np.dtype:
     """float32 or bfloat16 from a numpy / ml_dtypes dtype (or its type) or a torch dtype (torch.float32 / torch.float,
     torch.bfloat16)."""
-    name = logits_dtype if isinstance(logits_dtype, str) else None
-    if type(logits_dtype).__module__.split(".")[0] == "torch":
-        name = str(logits_dtype).removeprefix("torch.")
-    elif name is None:
-        try:
-            name = np.dtype(logits_dtype).name
-        except TypeError:
-            name = None
-    if name not in _LOGITS_DTYPES:
-        raise TypeError(f"logits_dtype={logits_dtype!r} must be float32 or bfloat16 (numpy / ml_dtypes or torch "
-                        f"dtypes)")
-    return _LOGITS_DTYPES[name]
+    return dtype_by_name(logits_dtype, "logits_dtype", _LOGITS_DTYPES,
+                         "float32 or bfloat16 (numpy / ml_dtypes or torch dtypes)")
 
 
 def _rows_view(x: np.ndarray, rows: int, cols: int) -> np.ndarray:

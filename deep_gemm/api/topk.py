@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .checks import BF16, FP32, check_no_self_overlap, require_array
+from .checks import BF16, FP32, check_no_self_overlap, dtype_by_name, require_array
 from .guard import api_call, protect
 
 # NOTES: DeepSelect's limits (its csrc/api.cpp and structs.h): 1 <= topk <= 4096; vocab < 2**23 on CUDA, < 2 MiB on
@@ -58,17 +58,7 @@ def get_stride_requirement() -> tuple[int, int]:
 
 def _indices_dtype(indices_type: object) -> np.dtype:
     """int32 or int64 from a numpy dtype (or its type, or its name) or a torch dtype (torch.int32 / torch.int64)."""
-    name = indices_type if isinstance(indices_type, str) else None
-    if type(indices_type).__module__.split(".")[0] == "torch":
-        name = str(indices_type).removeprefix("torch.")
-    elif name is None:
-        try:
-            name = np.dtype(indices_type).name
-        except TypeError:
-            name = None
-    if name not in _INDEX_DTYPES:
-        raise TypeError(f"indices_type={indices_type!r} must be int32 or int64 (numpy or torch dtypes)")
-    return _INDEX_DTYPES[name]
+    return dtype_by_name(indices_type, "indices_type", _INDEX_DTYPES, "int32 or int64 (numpy or torch dtypes)")
 
 
 def _flag(value: object, name: str) -> bool:
