@@ -180,3 +180,21 @@ def test_fp8_output_epilogue_is_priced():
     assert fp8.config.mad_n % 64 == 0
     with pytest.raises(ValueError, match="N % 64"):
         deep_gemm.estimate_gemm(128, 96, 256, "fp8", "fp8", out_dtype="fp8")
+
+
+def test_flash_mla_o_leaves_l0c_once_per_unit():
+    """FlashMLA's Ascend kernel keeps O in L0C across the tiles that skip the rescale: per tile FixPipe moves only
+    the fp32 scores P, and O once per unit (its end); the prefill is then bound by the Cube, not FixPipe."""
+    from deep_gemm.heuristics.flash_mla import D_V, FIXPIPE_F32_PER_CYCLE, H_Q
+
+    clock = deep_gemm.arch.get_arch("950DT").clock_hz
+    est = deep_gemm.estimate_flash_mla_sparse_fwd(4096, 32768, 640, arch="950DT", num_ai_cores=32)
+    per_unit = est.tiles_per_unit * H_Q * est.config.b_topk + H_Q * D_V
+    assert est.fixpipe_us == pytest.approx(est.busiest_units * per_unit / FIXPIPE_F32_PER_CYCLE / clock * 1e6)
+    assert est.bound == "cube"
+    # one more tile per unit costs FixPipe only its scores
+    short = deep_gemm.estimate_flash_mla_with_kvcache(64, 4, 128, 448, arch="950DT", num_ai_cores=32)
+    long = deep_gemm.estimate_flash_mla_with_kvcache(64, 4, 128, 512, arch="950DT", num_ai_cores=32)
+    assert long.tiles_per_unit == short.tiles_per_unit + 1
+    tile_us = long.busiest_units * H_Q * long.config.b_topk / FIXPIPE_F32_PER_CYCLE / clock * 1e6
+    assert long.fixpipe_us - short.fixpipe_us == pytest.approx(tile_us)

@@ -48,7 +48,8 @@ class MqaEstimate:
     launch_us: float
     num_tiles: int
     busiest_tiles: int
-    transfers_per_page: int
+    pages_per_copy: int
+    aiv_mte2_us: float
     hbm_bytes: int
     l2_bytes: int
     tflops: float
@@ -56,7 +57,8 @@ class MqaEstimate:
 
     def __str__(self) -> str:
         c = self.config
-        gather = f", {self.transfers_per_page} GM -> L1 transfer(s) per page" if self.kind == "paged" else ""
+        gather = (f"; the AIC gathers {self.pages_per_copy} pages per GM -> L1 copy, the AIVs the scales "
+                  f"({self.aiv_mte2_us:.2f} us per AIV)") if self.kind == "paged" else ""
         return "\n".join([
             f"modelled Ascend {self.arch} ({self.num_ai_cores} AI cores), {self.kind} MQA logits: {self.problem}, "
             f"H={self.num_heads} D={self.head_dim} {self.q_dtype}x{self.kv_dtype}",
@@ -129,7 +131,8 @@ def _estimate(kind: str, desc: MqaDesc, config: MqaConfig, spec: ArchSpec, cost:
         arch=spec.name, num_ai_cores=desc.num_ai_cores, config=config, time_us=cost.time_s * 1e6, bound=cost.bound,
         cube_us=cost.cube_s * 1e6, fixpipe_us=cost.fixpipe_s * 1e6, vector_us=cost.vector_s * 1e6,
         mte2_us=cost.mte2_s * 1e6, l2_us=cost.l2_s * 1e6, hbm_us=cost.hbm_s * 1e6, launch_us=cost.launch_s * 1e6,
-        num_tiles=cost.num_tiles, busiest_tiles=cost.busiest_tiles, transfers_per_page=cost.transfers_per_page,
+        num_tiles=cost.num_tiles, busiest_tiles=cost.busiest_tiles, pages_per_copy=cost.pages_per_copy,
+        aiv_mte2_us=cost.aiv_mte2_s * 1e6,
         hbm_bytes=cost.hbm_bytes, l2_bytes=cost.l2_bytes, tflops=cost.flops / cost.time_s / 1e12, problem=problem)
 
 
@@ -167,8 +170,8 @@ def estimate_paged_mqa_logits(context_lens, num_heads: int = 64, head_dim: int =
                               kv_dtype: str = "fp8", *, page_size: int = 64, use_ascend_kv_layout: bool = False,
                               arch=None, num_ai_cores: int | None = None) -> MqaEstimate:
     """Modelled chip time of fp8_fp4_paged_mqa_logits for ``context_lens`` ([B] or [B][next_n] ints), pages of
-    ``page_size`` keys in either cache layout (the Ascend one gathers a page of FP8 in one transfer, CUDA
-    DeepGEMM's in two). Nothing is run."""
+    ``page_size`` keys in either cache layout, gathered as the chip does (two pages of values per AIC copy, the
+    scales by the AIVs; heuristics/mqa.py PAGES_PER_COPY). Nothing is run."""
     spec, cores = _estimate_target(num_heads, head_dim, q_dtype, kv_dtype, arch, num_ai_cores)
     if _int_arg(page_size, "page_size") not in PAGE_SIZES:
         raise ValueError(f"page_size={page_size!r} must be one of {PAGE_SIZES}")
@@ -207,7 +210,11 @@ def estimate_paged_mqa_logits(context_lens, num_heads: int = 64, head_dim: int =
 #   requests' unique KV over 150.9 us), 32 heads, head_dim 128, pages of 64 (its first page size; it also runs 128):
 #   FP8 150.9 us, FP4 124.2 us. Its draws are not published: a seeded draw of the same distributions stands in, and
 #   a request is one batch row of the stand-in's paged kernel (its tokens share the request's KV, as the chip's q
-#   block does), FP8 in the Ascend layout (MX scales with the values), FP4 in either (values and scales apart).
+#   block does), in the Ascend layout; the gather is the chip's (two pages of values per AIC copy, the UE8M0 scales
+#   by the AIVs: heuristics/mqa.py PAGES_PER_COPY), the same for FP8 and FP4. The script's pages hold a page's
+#   values then its scales ([page_size * data_bytes | page_size * sf_bytes]) and its default is
+#   use_ascend_kv_layout=False (the flag permutes the values into 32-byte columns and the scales into 16-token
+#   fragments inside the page); the chip's gather and bytes are the same either way, so the row does not depend on it.
 PUBLISHED_RAGGED: tuple[tuple[int, int, int, int, str, float], ...] = (
     # (seq_len, seq_len_kv, num_heads, head_dim, dtype, us): mode Causal
     (4096, 8192, 32, 128, "fp8", 302.6),
@@ -239,8 +246,8 @@ def paged_benchmark_context_lens(requests: int, avg_kv: int, min_tokens: int, ma
 
 def _terms(cost: MqaCost) -> tuple[tuple[str, float], ...]:
     return (("cube", cost.cube_s * 1e6), ("fixpipe", cost.fixpipe_s * 1e6), ("vector", cost.vector_s * 1e6),
-            ("mte2", cost.mte2_s * 1e6), ("l2", cost.l2_s * 1e6), ("hbm", cost.hbm_s * 1e6),
-            ("launch", cost.launch_s * 1e6))
+            ("mte2", cost.mte2_s * 1e6), ("aiv_mte2", cost.aiv_mte2_s * 1e6), ("l2", cost.l2_s * 1e6),
+            ("hbm", cost.hbm_s * 1e6), ("launch", cost.launch_s * 1e6))
 
 
 def published_checks(arch: str = "950DT") -> list:

@@ -7,6 +7,9 @@ Per tile the two AIVs gather and dequantize half the tokens each (GM -> UB, one 
 layouts keep a token's values and scales together), the Cube runs Q K^T ([64, B_TOPK] over d_qk) and S V ([64, d_v]
 over B_TOPK), FixPipe hands P and the O part to the AIVs, which run the online softmax (skip-scale threshold 6) and
 keep O in UB. A unit's time is its tiles' time; units are dealt round-robin over the cores.
+
+The cost model charges FlashMLA's O traffic rather than the stand-in's (O_DRAINS_PER_UNIT): O accumulates in L0C and
+leaves it only on a rescale, i.e. once per unit, where the stand-in hands the O part to the AIVs every tile.
 """
 
 from __future__ import annotations
@@ -97,10 +100,18 @@ from .model import (  # noqa: E402
 # the deep dive's 128 B/cycle/AI core.
 FIXPIPE_F32_PER_CYCLE = 32
 # NOTES: vector passes per score element of the online softmax (lib/flash_mla.asc.j2: Muls by the scale, Add of the
-# column mask, ReduceMax, Adds of the max, Exp, ReduceSum, Cast to bf16), one per O element of the accumulation
-# (Add), two per O element of a unit's epilogue (Muls by the denominator, Cast to bf16).
+# column mask, ReduceMax, Adds of the max, Exp, ReduceSum, Cast to bf16), one per O element of each accumulation of
+# the O drained from L0C (Add), two per O element of a unit's epilogue (Muls by the denominator, Cast to bf16).
 SOFTMAX_PASSES = 7
 EPILOGUE_PASSES = 2
+# NOTES: where O accumulates (FlashMLA docs/20260930-ascend-prefill-deep-dive.md, "Where Should the FA Output
+# Accumulator Live?" and "skip-scale"): S V accumulates into O in L0C; only when a tile rescales (some row's max runs
+# more than RESCALE_THRES past the max in use) does FixPipe bring O to the AIVs, which add it to the accumulator in
+# UB, and the Cube clears O; skip-scale "reduces the volume of FixPipe copies and the amount of VF computation". The
+# first tile's rescale finds O empty (nothing to drain); past it a rescale needs a row's max to grow by e^6, which
+# the model takes as not happening: O leaves L0C once per unit, at its end. (The stand-in drains O every tile; see
+# docs/flash_mla.md.)
+O_DRAINS_PER_UNIT = 1
 # NOTES: dequant passes per element on the AIVs: FP8 decode (Cast e4m3 -> fp32), the scale (Muls), the cast to bf16;
 # FP4: its decode at FP4_DECODE_BYTES_PER_CYCLE (model.py, DeepGEMM-Ascend's rate) then Muls and the cast.
 DEQUANT_PASSES = {"v41_fp8": 3, "v32_fp8": 3, "v41_fp4": 2, "bf16": 0}
@@ -148,16 +159,15 @@ def model_flash_mla(desc: FlashMlaDesc, config: FlashMlaConfig, arch: ArchSpec, 
     tiles = tiles_main + tiles_extra
     # Cube: Q K^T [64, B] over d_qk and S V [64, d_v] over B, bf16 fractals (16 x 16 x 16 per cycle)
     cube = (H_Q // 16) * (b // 16) * (-(-d // 16)) + (H_Q // 16) * (dv // 16) * (b // 16)
-    # FixPipe: P and the O part to the AIVs every tile (the kernel flushes the O part each tile)
-    fixpipe = (H_Q * b + H_Q * dv) / FIXPIPE_F32_PER_CYCLE
+    # FixPipe: P to the AIVs every tile; O stays in L0C across the tiles that skip the rescale (O_DRAINS_PER_UNIT)
+    fixpipe = H_Q * b / FIXPIPE_F32_PER_CYCLE
     half_h, half_b = H_Q // 2, b // 2  # each of the two AIVs: half the heads, half the tokens
 
     def vector(fmt: str) -> float:
         deq = DEQUANT_PASSES[fmt] * half_b * d / VECTOR_FP32_PER_CYCLE
         if fmt == "v41_fp4":
             deq += half_b * (d // 2) / FP4_DECODE_BYTES_PER_CYCLE
-        return (SOFTMAX_PASSES * half_h * b + half_h * dv) / VECTOR_FP32_PER_CYCLE + deq + half_b * d / \
-            ND2NZ_BF16_PER_CYCLE
+        return SOFTMAX_PASSES * half_h * b / VECTOR_FP32_PER_CYCLE + deq + half_b * d / ND2NZ_BF16_PER_CYCLE
 
     def mte2(fmt: str) -> float:
         # the core's gather (both AIVs): request issue (gather2) or the bytes at the core's MTE2 rate
@@ -176,7 +186,11 @@ def model_flash_mla(desc: FlashMlaDesc, config: FlashMlaConfig, arch: ArchSpec, 
         for k, v in parts.items():
             per_tile[k] = per_tile.get(k, 0.0) + n * v
         tile_cycles += n * max(parts.values())
-    epilogue = EPILOGUE_PASSES * half_h * dv / VECTOR_FP32_PER_CYCLE
+    # the unit's end: FixPipe drains O from L0C (fp32, 32 heads to each AIV), each AIV adds it to its O in UB
+    # and normalises it; the drain runs while the AIVs finish the unit's last softmax, so the slower of the two
+    drain_fixpipe = O_DRAINS_PER_UNIT * H_Q * dv / FIXPIPE_F32_PER_CYCLE
+    drain_vector = (O_DRAINS_PER_UNIT + EPILOGUE_PASSES) * half_h * dv / VECTOR_FP32_PER_CYCLE
+    epilogue = max(drain_fixpipe, drain_vector)
     busiest = -(-num_units // desc.num_ai_cores)
     core_s = busiest * (tile_cycles + epilogue) / clock
     # L2: every gathered token, Q and out; HBM: the distinct cache bytes, Q and out (cold L2)
@@ -189,7 +203,8 @@ def model_flash_mla(desc: FlashMlaDesc, config: FlashMlaConfig, arch: ArchSpec, 
     fill_s = MEMORY_FIGURES.gm_latency_s
     time_s = LAUNCH_S + fill_s + max(core_s, l2_s, hbm_s)
     terms = {k: busiest * v / clock for k, v in per_tile.items()}
-    terms["vector"] = terms.get("vector", 0.0) + busiest * epilogue / clock
+    terms["vector"] = terms.get("vector", 0.0) + busiest * drain_vector / clock
+    terms["fixpipe"] = terms.get("fixpipe", 0.0) + busiest * drain_fixpipe / clock
     busy = dict(terms, l2=l2_s, hbm=hbm_s)
     bound = max(busy, key=busy.get) if busy else "latency"
     flops = 2.0 * H_Q * num_units * (main_tokens + extra_tokens) * (d + dv)

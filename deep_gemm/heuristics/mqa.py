@@ -10,7 +10,9 @@ FixPipe drains each MAD as its fractals complete, so the Cube -> FixPipe chain o
 start plus its fractal sweep, against FixPipe's own stream; for FP8 at head_dim 128 the two streams are equal (64
 outputs per cycle each) and the tile takes the MAD's start on top: the kernel is Cube/FixPipe-bound, the AIVs and
 MTE2 well under it. Per tile the pipes overlap (every stage is double-buffered); a core's time is its tiles times
-the slowest pipe. ``mqa_tile_work`` is the per-tile work both the time model and ``ragged_work`` / ``paged_work``
+the slowest pipe (paged: the sum over its units of each unit's slowest pipe, a unit's own query rows and keys).
+The paged gather is the chip's: the AIC copies two pages of values per copy, the AIVs move the scales
+(PAGES_PER_COPY). ``mqa_tile_work`` is the per-tile work both the time model and ``ragged_work`` / ``paged_work``
 (the exact totals of the kernels' walk, tested against their own counters) count.
 """
 
@@ -19,7 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..arch import ArchSpec
-from .model import AIVS_PER_CORE, LAUNCH_S, MAD_ISSUE_CYCLES, MEMORY_FIGURES, VECTOR_FP32_PER_CYCLE
+from .model import (
+    AIVS_PER_CORE,
+    LAUNCH_S,
+    MAD_ISSUE_CYCLES,
+    MEMORY_FIGURES,
+    UB_TO_L1_BYTES_PER_CYCLE,
+    VECTOR_FP32_PER_CYCLE,
+)
 
 MQA_DTYPES = ("fp8", "fp4")
 MQA_HEAD_DIMS = (32, 64, 128)
@@ -40,6 +49,10 @@ PAGE_SIZES = (32, 64, 128)
 # bf16 and break the stand-in's bf16 = RNE(fp32 logits) contract; and it keeps CUDA DeepGEMM's fp32 per-key scale
 # form (the AIV scales and ReLUs then), which the chip's API does not take. The model charges the chip's rates for
 # the work the stand-in issues: the head reduction at the chip's bf16 lanes, FixPipe at 64 bf16 elements per cycle.
+# One exception, the paged gather (PAGES_PER_COPY): the stand-in copies page by page (FP4: values and scales as two
+# copies per page) because its device copies take one source rectangle (no burst count with a source gap) and it
+# has no UB -> L1 copy; the model charges the chip's gather, two pages of values per AIC copy and the scales moved
+# by the AIVs. The bytes are the same (paged_work's key bytes, which the kernel counts); the copies are not.
 MAX_MAD_ROWS = 128
 # Rows of the AIVs' key-scale tile (lib/mqa.asc.j2 SC_ROWS: the per-key fp32 scales repeated per row, so one Mul
 # scales SC_ROWS rows of the tile; a Mul per row cost more in call overhead than in arithmetic on the CPU).
@@ -185,17 +198,18 @@ class MqaCost:
     cube_s: float
     fixpipe_s: float
     vector_s: float
-    mte2_s: float  # GM -> L1: key blocks (paged: the page gather, per page transfers) and the q panels
+    mte2_s: float  # the AIC's GM -> L1: key blocks (paged: the value gather, page pairs) and the q panels
     l2_s: float
     hbm_s: float
     launch_s: float
     bound: str
     num_tiles: int  # tiles (paged: work units) with work
     busiest_tiles: int  # tiles of the busiest core
-    transfers_per_page: int  # paged: GM -> L1 copies per page (0: ragged)
     hbm_bytes: int
     l2_bytes: int
     flops: float  # useful FLOPs: 2 * H * D per (query row, key) in range
+    aiv_mte2_s: float = 0.0  # paged: the AIVs' scale gather (GM -> UB -> L1), per AIV
+    pages_per_copy: int = 0  # paged: pages per AIC value copy (0: ragged)
 
 
 def _tile_pipes(desc: MqaDesc, c: MqaConfig, arch: ArchSpec, m_rows: int, kv_rows: int, token_scale: bool,
@@ -302,13 +316,7 @@ def paged_work(desc: MqaDesc, c: MqaConfig, *, context_lens: list[list[int]],
     token = paged_token_bytes(desc.kv_dtype, desc.head_dim, desc.ascend_kv_layout)
     if token_scale is None:
         token_scale = (not desc.ascend_kv_layout) and desc.kv_dtype == "fp8"
-    flat = []  # (q_rows, kv_rows) per unit, in the schedule's order
-    for row in context_lens:
-        next_n = len(row)
-        for t0 in range(0, next_n, atom):
-            ctx = max(0, max(row[t0:t0 + atom]))
-            for u in range(-(-ctx // PAGED_SPLIT_KV)):
-                flat.append((min(atom, next_n - t0), min(PAGED_SPLIT_KV, ctx - u * PAGED_SPLIT_KV)))
+    flat = paged_unit_list(context_lens, atom)
     starts = split_units(len(flat), cores)
     out = []
     for core in range(cores):
@@ -366,7 +374,7 @@ def model_mqa(desc: MqaDesc, c: MqaConfig, arch: ArchSpec, *, seq_len: int, seq_
     total = body + (MEMORY_FIGURES.gm_latency_s + tile_s if num_tiles else 0.0) + LAUNCH_S
     return MqaCost(time_s=total, cube_s=pipes["cube"], fixpipe_s=pipes["fixpipe"], vector_s=pipes["vector"],
                    mte2_s=pipes["mte2"] + panels_per_core * panel_s, l2_s=l2_s, hbm_s=hbm_s, launch_s=LAUNCH_S,
-                   bound=bound, num_tiles=num_tiles, busiest_tiles=busiest, transfers_per_page=0,
+                   bound=bound, num_tiles=num_tiles, busiest_tiles=busiest,
                    hbm_bytes=int(hbm_bytes), l2_bytes=int(l2_bytes), flops=2.0 * desc.num_heads * d * valid)
 
 
@@ -388,47 +396,107 @@ def split_units(total: int, num_cores: int) -> list[int]:
     return [c * base + min(c, extra) for c in range(num_cores + 1)]
 
 
+def paged_unit_list(context_lens: list[list[int]], atom: int) -> list[tuple[int, int]]:
+    """(query rows, keys) of every work unit in the schedule's order (batch row, its atoms, their
+    PAGED_SPLIT_KV-key units): the atom's tokens and min(PAGED_SPLIT_KV, the atom's context left)."""
+    flat = []
+    for row in context_lens:
+        next_n = len(row)
+        for t0 in range(0, next_n, atom):
+            ctx = max(0, max(row[t0:t0 + atom]))
+            for u in range(-(-ctx // PAGED_SPLIT_KV)):
+                flat.append((min(atom, next_n - t0), min(PAGED_SPLIT_KV, ctx - u * PAGED_SPLIT_KV)))
+    return flat
+
+
+# NOTES: the chip's paged gather (DeepGEMM-Ascend mqa_logits.hpp mqa_logits_core_impl and
+# scheduler/paged_mqa_logits.hpp get_physical_page_batch): the AIC copies a split's key values GM -> L1 two pages per
+# copy (burst count 2, the source stride the two pages' physical distance, the lower page first; the AIVs restore
+# the order of reversed pairs when they store the logits), and the scales never ride with the values: the split's
+# owning AIV (splits alternate between the two) copies them GM -> UB, two pages per copy, four splits ahead, then
+# UB -> L1 in one MTE3 copy (asc_copy_ub2l1) that the AIC's L1 -> L0B scale load waits for. The same in either
+# cache layout and for FP8 and FP4. The model charges that gather; see the NOTES on MAX_MAD_ROWS for the stand-in.
+PAGES_PER_COPY = 2
+
+
+def paged_scale_bytes(kv_dtype: str, head_dim: int, ascend_kv_layout: bool) -> int:
+    """Scale bytes per token of the paged cache (the bytes the AIVs move): one UE8M0 per 32 of head_dim in the
+    Ascend layout, 4 bytes (fp32 for FP8, packed UE8M0 for FP4) in CUDA DeepGEMM's."""
+    return paged_token_bytes(kv_dtype, head_dim, ascend_kv_layout) - storage_bytes(kv_dtype, head_dim)
+
+
+def _paged_unit_pipes(desc: MqaDesc, c: MqaConfig, arch: ArchSpec, q_rows: int, kv_rows: int, page_size: int,
+                      token_scale: bool) -> dict[str, float]:
+    """Busy time of each pipe of one core for one paged work unit (seconds): the AIC's MAD, FixPipe and value
+    gather (_tile_pipes with one copy per page pair), and the owning AIV's scale gather (``aiv_mte2``: GM -> UB
+    per page pair, then, for MX scales, UB -> L1) halved like its reduction, the two AIVs taking alternate units."""
+    d = desc.head_dim
+    pages = -(-kv_rows // page_size)
+    copies = -(-pages // PAGES_PER_COPY)
+    pipes = _tile_pipes(desc, c, arch, q_rows * desc.num_heads, kv_rows, token_scale, copies,
+                        kv_rows * storage_bytes(desc.kv_dtype, d))
+    fig = MEMORY_FIGURES
+    sf = kv_rows * paged_scale_bytes(desc.kv_dtype, d, desc.ascend_kv_layout)
+    aiv = copies * fig.copy_issue_s + sf / fig.mte2_bytes_per_s(arch)
+    if not token_scale:  # MX scales go on to L1 for the Cube; CUDA's fp32 per-key scales stay in UB
+        aiv += fig.copy_issue_s + sf / UB_TO_L1_BYTES_PER_CYCLE / arch.clock_hz
+    pipes["aiv_mte2"] = aiv / AIVS_PER_CORE
+    return pipes
+
+
 def model_paged_mqa(desc: MqaDesc, c: MqaConfig, arch: ArchSpec, *, context_lens: list[list[int]],
                     page_size: int) -> MqaCost:
     """Modelled time of the paged kernel (templates/paged_mqa_logits.asc.j2): every batch row's atoms against its
-    context, 256-key units split evenly over the cores; each unit gathers its pages GM -> L1 through the block
-    table: one transfer per page in the Ascend layout (values and scales together; FP4: values and scales apart),
-    values and scales apart in CUDA DeepGEMM's (FP8: the fp32 scales go GM -> UB on the AIVs)."""
+    context, 256-key units split evenly over the cores (split_units); a core's time is the sum over its units of
+    the slowest pipe of each (the unit's own query rows and keys: a batch row's last atom may be short, as may its
+    last unit), plus its q panels. The gather is the chip's (PAGES_PER_COPY)."""
     cores = desc.num_ai_cores
     atom = c.block_q
     units = paged_units(context_lens, atom)
-    total = sum(units)
+    flat = paged_unit_list(context_lens, atom)
+    total = len(flat)
     d = desc.head_dim
     token = paged_token_bytes(desc.kv_dtype, d, desc.ascend_kv_layout)
-    fused = desc.ascend_kv_layout and desc.kv_dtype == "fp8"
-    transfers = 1 if fused else 2
     token_scale = (not desc.ascend_kv_layout) and desc.kv_dtype == "fp8"
-    pages = c.block_kv // page_size
-    m_rows = atom * desc.num_heads
-    full = _tile_pipes(desc, c, arch, m_rows, c.block_kv, token_scale, pages * transfers, c.block_kv * token)
+    cache: dict[tuple[int, int], dict[str, float]] = {}
+
+    def unit_pipes(rows: int, n: int) -> dict[str, float]:
+        if (rows, n) not in cache:
+            cache[(rows, n)] = _paged_unit_pipes(desc, c, arch, rows, n, page_size, token_scale)
+        return cache[(rows, n)]
+
+    full = unit_pipes(atom, c.block_kv)
     # the q panel of an atom: a core's share is contiguous in (atom, unit) order, so it reloads once per atom
     q_row = storage_bytes(desc.q_dtype, d) + d // 32
     panel_s = MEMORY_FIGURES.copy_issue_s + MEMORY_FIGURES.gm_latency_s + \
-        m_rows * q_row / MEMORY_FIGURES.mte2_bytes_per_s(arch)
-    busiest = -(-total // cores) if total else 0
+        atom * desc.num_heads * q_row / MEMORY_FIGURES.mte2_bytes_per_s(arch)
+    starts = split_units(total, cores)
+    busiest = max(starts[i + 1] - starts[i] for i in range(cores)) if total else 0
     atoms_with_work = sum(1 for u in units if u)
     panels = min(busiest, -(-atoms_with_work // cores) + 1) if total else 0
+    core_s, pipes = 0.0, dict.fromkeys(full, 0.0)
+    for core in range(cores):
+        share = flat[starts[core]:starts[core + 1]]
+        s = sum(max(unit_pipes(r, n).values()) for r, n in share)
+        if s >= core_s:
+            core_s = s
+            pipes = {k: sum(unit_pipes(r, n)[k] for r, n in share) for k in full}
+    core_s += panels * panel_s
     tile_s = max(full.values())
-    core_s = busiest * tile_s + panels * panel_s
     valid = sum(sum(min(v, 10**12) for v in row) for row in context_lens)
     touched = sum(max(0, -(-max(row[t0:t0 + atom]) // page_size)) * page_size for row in context_lens
                   for t0 in range(0, len(row), atom))
-    l2_bytes = total * c.block_kv * token
-    hbm_bytes = touched * token + len(units) * m_rows * (q_row + 4) + valid * 2
+    l2_bytes = sum(n for _, n in flat) * token
+    hbm_bytes = touched * token + len(units) * atom * desc.num_heads * (q_row + 4) + valid * 2
     l2_s, hbm_s = l2_bytes / arch.l2_bytes_per_s, hbm_bytes / arch.hbm_bytes_per_s
     times = {"core": core_s, "l2": l2_s, "hbm": hbm_s}
-    pipes = {k: v * busiest for k, v in full.items()}
     bound = max(pipes, key=pipes.get) if max(times, key=times.get) == "core" else max(times, key=times.get)
     total_s = max(times.values()) + (MEMORY_FIGURES.gm_latency_s + tile_s if total else 0.0) + LAUNCH_S
     return MqaCost(time_s=total_s, cube_s=pipes["cube"], fixpipe_s=pipes["fixpipe"], vector_s=pipes["vector"],
                    mte2_s=pipes["mte2"] + panels * panel_s, l2_s=l2_s, hbm_s=hbm_s, launch_s=LAUNCH_S, bound=bound,
-                   num_tiles=total, busiest_tiles=busiest, transfers_per_page=transfers, hbm_bytes=int(hbm_bytes),
-                   l2_bytes=int(l2_bytes), flops=2.0 * desc.num_heads * d * valid)
+                   num_tiles=total, busiest_tiles=busiest, hbm_bytes=int(hbm_bytes),
+                   l2_bytes=int(l2_bytes), flops=2.0 * desc.num_heads * d * valid, aiv_mte2_s=pipes["aiv_mte2"],
+                   pages_per_copy=PAGES_PER_COPY)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -460,14 +528,19 @@ _REPRESENTATIVE_BATCH, _REPRESENTATIVE_CTX = 16, 8192
 
 
 def get_best_mqa_config(desc: MqaDesc, arch: ArchSpec) -> MqaConfig:
-    """The legal config with the least modelled time on the representative workload (ties: the first, i.e. the
-    smaller blocks and fewer stages)."""
+    """The legal config with the least modelled time on the representative workload (ties: ragged, the first, i.e.
+    the smaller blocks and fewer stages; paged, the least AIC MTE2 time)."""
     cands = candidate_mqa_configs(desc, arch)
     if not cands:
         raise ValueError(f"no MQA-logits config fits arch {arch.name} for {desc}")
     if desc.paged:
+        # ties (every unit bound by the Cube or FixPipe, whatever the stages): the least AIC MTE2 time, i.e. the
+        # deeper gather, which short atoms and short units (bound by their gather) need
         ctx = [[_REPRESENTATIVE_CTX] * desc.next_n for _ in range(_REPRESENTATIVE_BATCH)]
-        return min(cands, key=lambda c: model_paged_mqa(desc, c, arch, context_lens=ctx, page_size=64).time_s)
+        costs = [model_paged_mqa(desc, c, arch, context_lens=ctx, page_size=64) for c in cands]
+        best = min(cost.time_s for cost in costs)
+        tied = [i for i, cost in enumerate(costs) if cost.time_s <= best * (1 + 1e-9)]
+        return cands[min(tied, key=lambda i: costs[i].mte2_s)]
     n = _REPRESENTATIVE_SEQ
     ks, ke = [0] * n, list(range(1, n + 1))
     return min(cands, key=lambda c: model_mqa(desc, c, arch, seq_len=n, seq_len_kv=n, ks=ks, ke=ke).time_s)

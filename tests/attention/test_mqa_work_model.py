@@ -161,3 +161,20 @@ def test_fixpipe_relu_rounds_the_relu_to_bf16():
     np.testing.assert_array_equal(f32.view(np.uint32), relu.view(np.uint32))
     with pytest.raises(IndexError):
         device.FixpipeToUBRelu(ub, l0c, 17, 8)
+
+
+@pytest.mark.parametrize("kind,ascend", [("fp8", True), ("fp8", False), ("fp4", True), ("fp4", False)])
+def test_paged_gather_moves_the_counted_key_bytes(kind, ascend):
+    """The time model's paged gather (the chip's: values on the AIC two pages per copy, scales on the AIVs) moves,
+    unit by unit, exactly the key bytes paged_work counts (and the kernel counts, test above): values plus scales."""
+    from deep_gemm.heuristics.mqa import paged_scale_bytes, paged_unit_list, storage_bytes
+
+    cores = 32
+    desc = MqaDesc(32, 128, kind, kind, num_ai_cores=cores, next_n=5, ascend_kv_layout=ascend)
+    config = get_best_mqa_config(desc, deep_gemm.arch.get_arch("950DT"))
+    ctx = [[700 + 37 * b + t for t in range(5)] for b in range(9)]
+    flat = paged_unit_list(ctx, config.block_q)
+    per_token = storage_bytes(kind, 128) + paged_scale_bytes(kind, 128, ascend)
+    assert sum(m["key_bytes"] for m in paged_work(desc, config, context_lens=ctx)) == \
+        sum(n for _, n in flat) * per_token
+    assert all(rows in (config.block_q, 5 % config.block_q) for rows, _ in flat)  # a row's last atom is short

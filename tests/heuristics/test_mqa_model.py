@@ -1,5 +1,6 @@
 """The MQA-logits cost model and config choice (deep_gemm.heuristics.mqa): legal configs only, the estimates'
-structure (what grows with what, the paged gather's transfers per page), refusals of bad arguments."""
+structure (what grows with what, the paged gather: page pairs on the AIC, scales on the AIVs), refusals of bad
+arguments."""
 
 from __future__ import annotations
 
@@ -59,19 +60,41 @@ def test_ragged_estimate_charges_key_loads_only_where_keys_are_not_resident():
     assert est(64 * block_kv, 31).l2_bytes > 8 * resident.l2_bytes
 
 
-def test_paged_estimate_transfers_per_page():
+def test_paged_estimate_gathers_page_pairs_and_scales_on_the_aivs():
+    """The chip's gather (DeepGEMM-Ascend's paged kernel): the AIC copies the values two pages per copy, in either
+    layout; the scales never ride with them: the AIVs copy them (and, MX scales, on to L1)."""
+    from deep_gemm.heuristics.model import MEMORY_FIGURES
+
     ctx = [[8192]] * 16
     ascend = deep_gemm.estimate_paged_mqa_logits(ctx, page_size=64, use_ascend_kv_layout=True, arch="950DT",
                                                  num_ai_cores=32)
     cuda = deep_gemm.estimate_paged_mqa_logits(ctx, page_size=64, arch="950DT", num_ai_cores=32)
-    assert ascend.transfers_per_page == 1 and cuda.transfers_per_page == 2
-    assert ascend.mte2_us < cuda.mte2_us and ascend.time_us <= cuda.time_us
-    big_pages = deep_gemm.estimate_paged_mqa_logits(ctx, page_size=128, arch="950DT", num_ai_cores=32)
-    assert big_pages.mte2_us < cuda.mte2_us  # half the copies
+    assert ascend.pages_per_copy == cuda.pages_per_copy == 2
+    assert ascend.mte2_us == pytest.approx(cuda.mte2_us)  # the same FP8 values on the AIC in both layouts
+    assert ascend.aiv_mte2_us > cuda.aiv_mte2_us > 0  # MX scales go on UB -> L1; the fp32 ones stay in UB
+    assert ascend.time_us <= cuda.time_us  # CUDA's per-key scale costs the AIVs a Mul and a ReLU
     assert ascend.num_tiles == 16 * 8192 // 256 and ascend.busiest_tiles == 16
+    big_pages = deep_gemm.estimate_paged_mqa_logits(ctx, page_size=128, arch="950DT", num_ai_cores=32)
+    # a unit of 256 keys: 4 pages of 64 in 2 copies, 2 pages of 128 in 1; the bytes are the same
+    issue_us = MEMORY_FIGURES.copy_issue_s * 1e6
+    assert cuda.mte2_us - big_pages.mte2_us == pytest.approx(cuda.busiest_tiles * issue_us)
     fp4 = deep_gemm.estimate_paged_mqa_logits(ctx, q_dtype="fp4", kv_dtype="fp4", use_ascend_kv_layout=True,
                                               arch="950DT", num_ai_cores=32)
-    assert fp4.transfers_per_page == 2  # FP4 values are decoded on their way into L1: scales apart
+    assert fp4.pages_per_copy == 2 and fp4.mte2_us < ascend.mte2_us  # half the value bytes, the same copies
+    assert fp4.aiv_mte2_us == pytest.approx(ascend.aiv_mte2_us)  # the same UE8M0 bytes per token
+
+
+def test_paged_estimate_charges_short_atoms_their_own_rows():
+    """A batch row's last atom of fewer tokens runs a MAD of its own rows: 5 tokens (atoms 4 + 1) cost less than two
+    full atoms (8 tokens), more than one."""
+    def est(tokens):
+        return deep_gemm.estimate_paged_mqa_logits([[8192] * tokens] * 64, num_heads=32, arch="950DT",
+                                                   num_ai_cores=32, use_ascend_kv_layout=True)
+    four, five, eight = est(4), est(5), est(8)
+    assert five.config.block_q == eight.config.block_q == 4
+    assert five.num_tiles == eight.num_tiles == 2 * four.num_tiles
+    assert four.cube_us < five.cube_us < eight.cube_us
+    assert five.fixpipe_us == pytest.approx(four.fixpipe_us * 5 / 4)  # FixPipe's bytes: the tokens' rows
 
 
 @pytest.mark.parametrize("total,cores", [(0, 4), (5, 32), (100, 32), (1000, 7)])
