@@ -116,7 +116,8 @@ def test_rows_carry_torch_at_default_and_best_thread_count(monkeypatch):
     best_row = by_name["BF16 16x32x64 vs torch bf16 a @ b.T, best thread count"]
     assert default_row.target == ">= 1.20x" and best_row.target == ">= 1.00x"
     for row in (default_row, best_row):
-        assert row.passed is not None and row.value > 0 and set(row.times) == {"stand-in", "numpy"} | labels
+        # JAX (the `peers` extra) times beside them when it is installed
+        assert row.passed is not None and row.value > 0 and set(row.times) - {"jax"} == {"stand-in", "numpy"} | labels
     assert "best: " in best_row.detail and all(label in default_row.detail for label in labels)
     amx = by_name["BF16 16x32x64 fraction of the measured AMX-BF16 peak"]
     assert amx.target == ">= 0.60" and amx.passed is None  # no AMX peak measured here
