@@ -25,12 +25,14 @@ from .copy import (  # noqa: E402
     FP8_E4M3_VALUES,
     copy_gm_to_l1_bf16,
     copy_gm_to_l1_fp4,
+    copy_gm_to_l1_fp4_bursts,
     copy_gm_to_l1_fp8,
+    copy_gm_to_l1_fp8_bursts,
     copy_gm_to_l1_sf,
     copy_gm_to_l1_tf32,
 )
 from .cube import l0a_size, l0b_size, load_l0a, load_l0b, mmad  # noqa: E402
-from .datacopy import DataCopy, DataCopyPad  # noqa: E402
+from .datacopy import DataCopy, DataCopyBursts, DataCopyPad  # noqa: E402
 from .fixpipe import Fixpipe, FixpipeToUB, InitGlobalMemory, bf16_bits_to_f32, f32_to_bf16_bits  # noqa: E402
 from .fixpipe_relu import FixpipeToUBRelu  # noqa: E402
 from .scheduler import (  # noqa: E402
@@ -70,12 +72,13 @@ from .vector import (  # noqa: E402
 __all__ = [
     # MTE2: GM -> L1
     "copy_gm_to_l1_fp8", "copy_gm_to_l1_fp4", "copy_gm_to_l1_bf16", "copy_gm_to_l1_sf", "copy_gm_to_l1_tf32",
+    "copy_gm_to_l1_fp8_bursts", "copy_gm_to_l1_fp4_bursts",
     # MTE1 + Cube (device/cube.py)
     "l0a_size", "l0b_size", "load_l0a", "load_l0b", "mmad",
     # FixPipe: L0C -> GM, L0C -> UB; GM fill
     "Fixpipe", "FixpipeToUB", "InitGlobalMemory", "FixpipeToUBRelu",
     # AIV: GM <-> UB (MTE2 / MTE3)
-    "DataCopy", "DataCopyPad",
+    "DataCopy", "DataCopyPad", "DataCopyBursts",
     # AIV: Vector unit (device/vector.py, device/cast.py)
     "Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Axpy", "Maxs", "Mins", "Abs", "Exp", "Relu", "Duplicate",
     "Compare", "Select", "ReduceMax", "ReduceSum", "Cast", "CastToUE8M0", "CastFromUE8M0",

@@ -248,3 +248,56 @@ def _copy_sf_core(pd, rs, cs, num_rows, num_cols, ps, gm_row_bytes, mn0, kb0, nu
                 dst[i * rs] = 0
         for i in range(rows, num_rows):
             dst[i * rs] = 0
+
+
+@njit(cache=True, inline="always")
+def _check_bursts(gm_size, gm_offset, stride, row_bytes, num_bursts, burst_rows, burst_stride, rows):
+    """IndexError unless every GM byte the bursts' first ``rows`` rows read lies in [0, gm_size)."""
+    if num_bursts < 0 or burst_rows <= 0 or stride < 0 or rows < 0 or rows > num_bursts * burst_rows:
+        raise IndexError("burst copy GM -> L1: bad bursts, burst rows, row stride or rows", num_bursts, burst_rows,
+                         stride, rows)
+    for b in range(num_bursts):
+        n = min(burst_rows, rows - b * burst_rows)
+        if n > 0 and row_bytes > 0:
+            start = gm_offset + b * burst_stride
+            if start < 0 or start + (n - 1) * stride + row_bytes > gm_size:
+                raise IndexError("burst copy GM -> L1: a burst leaves the GM tensor (burst, start, GM size)", b,
+                                 start, gm_size)
+
+
+@njit(cache=True)
+def copy_gm_to_l1_fp8_bursts(l1, gm, gm_offset, stride, num_bursts, burst_rows, burst_stride, rows, k):
+    """DataCopy GM -> L1 of FP8 codes in ``num_bursts`` bursts (DataCopyParams' block count and source stride): one
+    copy of several row blocks that lie apart in GM, such as the pages of a paged cache.
+
+    Burst b is ``burst_rows`` K-major rows (``stride`` bytes apart) from gm[gm_offset + b * burst_stride:], landing in
+    L1 rows [b * burst_rows, (b + 1) * burst_rows): l1[i, j] = value(gm[gm_offset + (i // burst_rows) * burst_stride
+    + (i % burst_rows) * stride + j]) for i < rows, j < k; rows >= rows and K >= k become 0. ``burst_stride`` (the
+    bursts' distance in bytes) may be any integer, negative too. l1: fp32 (decoded) or uint8 (the codes). Raises
+    IndexError, writing nothing, when a burst leaves ``gm``.
+    """
+    pd, ld, nrows, cols = _l1_args(l1, 0, 0, rows, k)
+    _check_bursts(gm.size, gm_offset, stride, cols, num_bursts, burst_rows, burst_stride, nrows)
+    ps = _data_ptr(gm)
+    for b in range(num_bursts):
+        n = min(burst_rows, nrows - b * burst_rows)
+        if n > 0:
+            _copy_codes_core(_ptr_add(pd, b * burst_rows * ld), ld, _ptr_add(ps, gm_offset + b * burst_stride),
+                             stride, False, 0, 0, n, cols)
+    _zero_fill_core(pd, ld, l1.shape[0], l1.shape[1], nrows, cols)
+
+
+@njit(cache=True)
+def copy_gm_to_l1_fp4_bursts(l1, gm, gm_offset, stride, num_bursts, burst_rows, burst_stride, rows, k):
+    """copy_gm_to_l1_fp8_bursts for packed FP4 e2m1 codes (two per byte, even element in the low nibble), decoded to
+    fp32: l1[i, j] = e2m1 element j of the row at gm[gm_offset + (i // burst_rows) * burst_stride + (i % burst_rows)
+    * stride:] for i < rows, j < k (``stride``, ``burst_stride`` in bytes); zero beyond rows / k."""
+    pd, ld, nrows, cols = _l1_args(l1, 0, 0, rows, k)
+    _check_bursts(gm.size, gm_offset, stride, (cols + 1) // 2, num_bursts, burst_rows, burst_stride, nrows)
+    ps = _data_ptr(gm)
+    for b in range(num_bursts):
+        n = min(burst_rows, nrows - b * burst_rows)
+        if n > 0:
+            _copy_fp4_core(_ptr_add(pd, b * burst_rows * ld), ld, _ptr_add(ps, gm_offset + b * burst_stride), stride,
+                           False, 0, 0, n, cols)
+    _zero_fill_core(pd, ld, l1.shape[0], l1.shape[1], nrows, cols)

@@ -99,3 +99,39 @@ def DataCopyPad(dst, src, gm_offset, gm_stride, num_rows, row_len, pad_value):  
     outside the block is not touched and ``pad_value`` is unused.
     """
     _data_copy_pad(dst, src, gm_offset, gm_stride, num_rows, row_len, pad_value)
+
+
+@njit(cache=True)
+def DataCopyBursts(dst, src, gm_offset, gm_stride, num_rows, row_len, num_bursts, burst_stride,  # noqa: N802
+                   dst_row_step, dst_col_step):
+    """DataCopyBursts(dst, src, gm_offset, gm_stride, num_rows, row_len, num_bursts, burst_stride, dst_row_step,
+    dst_col_step): GM -> UB, one copy of ``num_bursts`` strided GM blocks that lie apart (DataCopyParams' block count
+    and source stride; e.g. the pages of a paged cache).
+
+    Burst b is the [num_rows, row_len] block of flat GM ``src`` at gm_offset + b * burst_stride (rows gm_stride
+    elements apart; 0 repeats one row), written to the UB tile ``dst`` from (b * dst_row_step, b * dst_col_step):
+    dst[b * dst_row_step + r, b * dst_col_step + j] = src[gm_offset + b * burst_stride + r * gm_stride + j].
+    ``burst_stride`` may be any integer; the rest of ``dst`` is not touched. Raises IndexError, writing nothing,
+    when a burst leaves ``src`` or ``dst``."""
+    if dst.ndim != 2 or src.ndim != 1:
+        raise IndexError("DataCopyBursts: dst must be a 2-D UB tile and src flat GM")
+    if num_rows < 0 or row_len < 0 or num_bursts < 0 or gm_stride < 0 or dst_row_step < 0 or dst_col_step < 0:
+        raise IndexError("DataCopyBursts: negative rows, row length, bursts, GM stride or destination steps",
+                         num_rows, row_len, num_bursts, gm_stride)
+    if num_rows == 0 or row_len == 0:
+        return
+    for b in range(num_bursts):
+        start = gm_offset + b * burst_stride
+        if start < 0 or start + (num_rows - 1) * gm_stride + row_len > src.size:
+            raise IndexError("DataCopyBursts: a burst leaves the GM tensor (burst, start, GM size)", b, start,
+                             src.size)
+        if b * dst_row_step + num_rows > dst.shape[0] or b * dst_col_step + row_len > dst.shape[1]:
+            raise IndexError("DataCopyBursts: a burst leaves the UB tile (burst, rows, columns)", b, dst.shape[0],
+                             dst.shape[1])
+    for b in range(num_bursts):
+        start = gm_offset + b * burst_stride
+        r0, c0 = b * dst_row_step, b * dst_col_step
+        for r in range(num_rows):
+            g = start + r * gm_stride
+            for j in range(row_len):
+                dst[r0 + r, c0 + j] = src[g + j]

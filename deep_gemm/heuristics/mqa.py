@@ -49,10 +49,10 @@ PAGE_SIZES = (32, 64, 128)
 # bf16 and break the stand-in's bf16 = RNE(fp32 logits) contract; and it keeps CUDA DeepGEMM's fp32 per-key scale
 # form (the AIV scales and ReLUs then), which the chip's API does not take. The model charges the chip's rates for
 # the work the stand-in issues: the head reduction at the chip's bf16 lanes, FixPipe at 64 bf16 elements per cycle.
-# One exception, the paged gather (PAGES_PER_COPY): the stand-in copies page by page (FP4: values and scales as two
-# copies per page) because its device copies take one source rectangle (no burst count with a source gap) and it
-# has no UB -> L1 copy; the model charges the chip's gather, two pages of values per AIC copy and the scales moved
-# by the AIVs. The bytes are the same (paged_work's key bytes, which the kernel counts); the copies are not.
+# The paged gather (PAGES_PER_COPY) is the chip's in the model and in the stand-in's kernel: two pages of values per
+# AIC copy (a two-burst copy), the scales moved by the owning AIV; copies and bytes are tested against the kernel's
+# counters (test_mqa_work_model.py). The stand-in's AIC reads the owner's UB scale stage in place of the chip's
+# UB -> L1 copy (counted where the chip issues it, not run).
 MAX_MAD_ROWS = 128
 # Rows of the AIVs' key-scale tile (lib/mqa.asc.j2 SC_ROWS: the per-key fp32 scales repeated per row, so one Mul
 # scales SC_ROWS rows of the tile; a Mul per row cost more in call overhead than in arithmetic on the CPU).

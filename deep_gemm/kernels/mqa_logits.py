@@ -28,9 +28,9 @@ _NO_LOGITS_F32 = np.zeros(1, np.float32)
 
 
 # The kernels' work counters (lib/mqa.asc.j2 W_*): int64 per core and slot.
-WORK_SLOTS = 8
+WORK_SLOTS = 11
 WORK_NAMES = ("fixpipe_bytes", "fixpipe_tiles", "reduce_instructions", "reduce_lanes", "key_bytes", "mads",
-              "other_vector_instructions")
+              "other_vector_instructions", "key_copies", "scale_copies", "scale_l1_copies", "scale_bytes")
 _counting = threading.local()
 
 
@@ -167,7 +167,7 @@ def launch_paged_mqa_logits(q: np.ndarray, sfq: np.ndarray | None, cache: np.nda
                 gm_meta=schedule_meta.reshape(-1), gm_weights=flat_w, stride_w=stride_w, **_logits_args(logits),
                 batch=batch, next_n=next_n, page_size=page_size,
                 page_bytes=page_size * token, data_stride=data_stride, sf_offset=sf_offset, sf_stride=sf_stride,
-                fused_copy=int(ascend_kv_layout and kv_dtype == "fp8"), q_mx=int(sfq is not None),
+                q_mx=int(sfq is not None),
                 kv_mx=int(ascend_kv_layout or kv_dtype == "fp4"),
                 kv_token_scale=int(not ascend_kv_layout and kv_dtype == "fp8"), num_heads=num_heads,
                 head_dim=head_dim, block_q=prepared.config.block_q)

@@ -178,3 +178,78 @@ def test_paged_gather_moves_the_counted_key_bytes(kind, ascend):
     assert sum(m["key_bytes"] for m in paged_work(desc, config, context_lens=ctx)) == \
         sum(n for _, n in flat) * per_token
     assert all(rows in (config.block_q, 5 % config.block_q) for rows, _ in flat)  # a row's last atom is short
+
+
+def _paged_cache(rng, kind, ascend, batch, length, num_heads, head_dim, page):
+    """q, a paged cache (its pages drawn from a shuffled pool: page pairs lie forward and backward), its table."""
+    q = rng.standard_normal((batch * num_heads, head_dim)).astype(np.float32)
+    k = rng.standard_normal((batch * length, head_dim)).astype(np.float32)
+    if kind == "fp8":
+        qp = (q.astype(E4M3).reshape(batch, 1, num_heads, head_dim), None)
+        kc, ksf = per_token_cast_to_fp8(k, use_ue8m0=ascend, gran_k=32 if ascend else head_dim)
+        sf = ksf.reshape(batch, length, head_dim // 32) if ascend else ksf[:, 0].reshape(batch, length)
+        kv = (kc.reshape(batch, length, head_dim), sf)
+    else:
+        from deep_gemm.utils.math import per_token_cast_to_fp4
+
+        q4, qsf = per_token_cast_to_fp4(q, use_ue8m0=True, gran_k=32)
+        k4, ksf = per_token_cast_to_fp4(k, use_ue8m0=True, gran_k=32)
+        qp = (q4.reshape(batch, 1, num_heads, head_dim // 2), qsf.reshape(batch, 1, num_heads, -1))
+        kv = (k4.reshape(batch, length, head_dim // 2), ksf.reshape(batch, length, -1))
+    max_pages = -(-length // page) + 1
+    num_blocks = batch * max_pages + 3
+    table = rng.permutation(num_blocks)[:batch * max_pages].reshape(batch, max_pages).astype(np.int32)
+    cache = deep_gemm.build_paged_kv_cache(kv, table, num_blocks, page, use_ascend_kv_layout=ascend)
+    return qp, cache, table
+
+
+# (kv dtype, Ascend layout, page size): both dtypes, both layouts, pages of 32 and 64 (the FP8 / FP4 kernels of the
+# tests above and of test_paged_mqa_logits.py: 64 / 16 heads, head_dim 128)
+PAGED_GATHERS = [("fp8", True, 64), ("fp8", False, 32), ("fp8", True, 32), ("fp8", False, 64), ("fp4", True, 32),
+                 ("fp4", False, 64)]
+
+
+@pytest.mark.parametrize("kind,ascend,page", PAGED_GATHERS)
+def test_paged_kernel_copies_match_the_model(rng, kind, ascend, page):
+    """The paged kernel gathers as the model charges it (heuristics/mqa.py _paged_unit_pipes, PAGES_PER_COPY), core
+    by core: per unit of n keys, ceil(ceil(n / page) / 2) AIC copies of key values GM -> L1 (a lone last page when
+    the page count is odd), as many AIV copies of their scales GM -> UB, one UB -> L1 copy for MX scales (none for
+    CUDA's fp32 per-key scales, which stay in UB), the values' and the scales' bytes; and the rest of the work as
+    paged_work counts it."""
+    from deep_gemm.heuristics.mqa import (
+        PAGES_PER_COPY,
+        paged_scale_bytes,
+        paged_unit_list,
+        split_units,
+        storage_bytes,
+    )
+
+    cores = runtime.get_num_ai_cores()
+    num_heads, head_dim = (64, 128) if kind == "fp8" else (16, 128)
+    # contexts with odd page counts per unit (170: 3 pages of 64; 300 - 256 = 44: one page), partial last pages,
+    # an empty row and units of full pages
+    ctx = np.array([[300], [0], [517], [170], [97]], np.int32)
+    batch, length = ctx.shape[0], int(ctx.max())
+    qp, cache, table = _paged_cache(rng, kind, ascend, batch, length, num_heads, head_dim, page)
+    w = rng.standard_normal((batch, num_heads)).astype(BF16)
+    meta = deep_gemm.get_paged_mqa_logits_metadata(ctx, num_heads)
+    got = kernel_counts(lambda: deep_gemm.fp8_fp4_paged_mqa_logits(qp, cache, w, ctx, table, meta, length,
+                                                                   use_ascend_kv_layout=ascend))
+    desc = MqaDesc(num_heads, head_dim, kind, kind, num_ai_cores=cores, next_n=1, ascend_kv_layout=ascend)
+    config = get_best_mqa_config(desc, runtime.get_arch_spec())
+    assert_same_work(got, paged_work(desc, config, context_lens=ctx.tolist()))
+    token_scale = kind == "fp8" and not ascend
+    flat = paged_unit_list(ctx.tolist(), config.block_q)
+    starts = split_units(len(flat), cores)
+    odd = 0
+    for core in range(cores):
+        units = flat[starts[core]:starts[core + 1]]
+        pages = [-(-n // page) for _, n in units]
+        copies = sum(-(-p // PAGES_PER_COPY) for p in pages)
+        odd += sum(p % 2 for p in pages)
+        keys = sum(n for _, n in units)
+        want = {"key_copies": copies, "scale_copies": copies, "scale_l1_copies": 0 if token_scale else len(units),
+                "scale_bytes": keys * paged_scale_bytes(kind, head_dim, ascend)}
+        assert {k: got[core][k] for k in want} == want, f"core {core}"
+        assert got[core]["key_bytes"] - got[core]["scale_bytes"] == keys * storage_bytes(kind, head_dim)
+    assert odd > 0 and sum(g["key_copies"] for g in got) > 0  # some unit ends on a lone page

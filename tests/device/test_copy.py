@@ -176,3 +176,78 @@ def test_copy_tf32_rounds_like_round_to_tf32(rng):
     np.testing.assert_array_equal(l1.view(np.uint32), round_to_tf32(phys[:2, :8]).view(np.uint32))
     assert np.isposinf(l1[1, 0]) and np.isneginf(l1[1, 1]) and l1[1, 2:3].view(np.uint32)[0] == 0x7FC00001
     assert np.isposinf(l1[1, 3]) and (l1[0] != phys[0, :8]).any()
+
+
+@pytest.mark.parametrize("kind", ["fp8", "fp4"])
+@pytest.mark.parametrize("burst_stride_pages", [3, -2])
+def test_burst_copy_gathers_two_pages_in_one_copy(rng, kind, burst_stride_pages):
+    """copy_gm_to_l1_{fp8,fp4}_bursts: two row blocks apart in GM (forward or backward) land one after the other in L1,
+    each row decoded as the one-block copy decodes it; rows past ``rows`` and K past ``k`` are zero; a lone burst is
+    the one-block copy; a burst leaving GM raises IndexError and writes nothing."""
+    burst_rows, row_stride, k = 4, 24, 30  # rows of 24 bytes (values and more), 30 values kept
+    page = burst_rows * row_stride
+    gm = rng.integers(0, 256, size=8 * page, dtype=np.uint8)
+    gm[gm == 0x7F] = 0
+    gm[gm == 0xFF] = 0
+    first = 3 * page
+    second = first + burst_stride_pages * page
+    copy = dcopy.copy_gm_to_l1_fp8_bursts if kind == "fp8" else dcopy.copy_gm_to_l1_fp4_bursts
+    one = dcopy.copy_gm_to_l1_fp8 if kind == "fp8" else dcopy.copy_gm_to_l1_fp4
+    got = np.full((2 * burst_rows + 1, 32), 7.0, np.float32)
+    copy(got, gm, first, row_stride, 2, burst_rows, burst_stride_pages * page, 2 * burst_rows - 1, k)
+    want = np.zeros_like(got)
+    one(want[:burst_rows], gm[first:], row_stride, False, 0, 0, burst_rows, k)
+    one(want[burst_rows:2 * burst_rows], gm[second:], row_stride, False, 0, 0, burst_rows - 1, k)
+    np.testing.assert_array_equal(got, want)
+    assert (got[2 * burst_rows - 1:] == 0).all() and (got[:, k:] == 0).all()
+    lone = np.full((burst_rows, 32), 7.0, np.float32)
+    copy(lone, gm, second, row_stride, 1, burst_rows, 12345, burst_rows, 32)
+    np.testing.assert_array_equal(lone, _one_block(one, gm, second, row_stride))
+    codes = np.full((2 * burst_rows, 32), 9, np.uint8)
+    if kind == "fp8":  # an L1 of codes receives the codes as stored
+        dcopy.copy_gm_to_l1_fp8_bursts(codes, gm, first, row_stride, 2, burst_rows, burst_stride_pages * page,
+                                       2 * burst_rows, 32)
+        assert (codes[:burst_rows, :24] == gm[first:first + page].reshape(burst_rows, row_stride)).all()
+        assert (codes[burst_rows:, :24] == gm[second:second + page].reshape(burst_rows, row_stride)).all()
+    before = got.copy()
+    with pytest.raises(IndexError):
+        copy(got, gm, first, row_stride, 2, burst_rows, 6 * page, 2 * burst_rows, k)  # the second block leaves GM
+    with pytest.raises(IndexError):
+        copy(got, gm, first, row_stride, 2, burst_rows, -4 * page, 2 * burst_rows, k)  # before GM's start
+    np.testing.assert_array_equal(got, before)
+
+
+def _one_block(one, gm, start, row_stride):
+    out = np.zeros((4, 32), np.float32)
+    one(out, gm[start:], row_stride, False, 0, 0, 4, 32)
+    return out
+
+
+def test_datacopy_bursts_rows_and_columns(rng):
+    """DataCopyBursts (GM -> UB): bursts stacked down the rows (a page's scale rows, strided) or across the columns
+    with GM stride 0 (one row repeated in every UB row); the rest of the UB tile untouched; bursts leaving GM or the
+    tile raise IndexError, writing nothing."""
+    from deep_gemm.device import DataCopyBursts
+
+    gm = rng.integers(0, 256, size=400, dtype=np.uint8)
+    ub = np.full((10, 6), 0xEE, np.uint8)
+    # two blocks of 4 rows x 3 bytes, rows 10 bytes apart, the second block 250 bytes after the first
+    DataCopyBursts(ub, gm, 7, 10, 4, 3, 2, 250, 4, 0)
+    want = np.full_like(ub, 0xEE)
+    for b, start in enumerate((7, 257)):
+        for r in range(4):
+            want[4 * b + r, :3] = gm[start + 10 * r:start + 10 * r + 3]
+    np.testing.assert_array_equal(ub, want)
+    # a backward burst and column stacking with GM stride 0
+    f32 = rng.standard_normal(200).astype(np.float32)
+    sc = np.full((3, 8), -1.0, np.float32)
+    DataCopyBursts(sc, f32, 150, 0, 3, 4, 2, -100, 0, 4)
+    np.testing.assert_array_equal(sc, np.tile(np.concatenate([f32[150:154], f32[50:54]]), (3, 1)))
+    before = ub.copy()
+    for args in ((7, 10, 4, 3, 2, 390, 4, 0),  # the second block leaves GM
+                 (7, 10, 4, 3, 2, -10, 4, 0),  # before GM's start
+                 (7, 10, 4, 3, 2, 20, 7, 0),  # the second block leaves the tile (rows)
+                 (7, 10, 4, 3, 2, 20, 0, 4)):  # ... (columns)
+        with pytest.raises(IndexError):
+            DataCopyBursts(ub, gm, *args)
+    np.testing.assert_array_equal(ub, before)
