@@ -64,6 +64,8 @@ class Options:
     naive: bool = True
     peak: machine.FmaPeak | None = None
     amx_peak: machine.FmaPeak | None = None  # the AMX-BF16 unit's, where the host has one (the Cube runs there)
+    # the AVX512-BF16 dot products', where the host has them and no AMX (the Cube's bf16 path runs there)
+    dpbf16_peak: machine.FmaPeak | None = None
     jit_root: Path | None = None
 
 
@@ -194,7 +196,7 @@ def row_bf16(rng, shape, opts: Options) -> list[Result]:
         out.append(Result(f"{label} fraction of the FMA peak", ">= 0.65", opts.peak.fraction(gf), "",
                           opts.peak.fraction(gf) >= 0.65,
                           f"stand-in {gf:.1f} GFLOP/s of {opts.peak.gflops:.1f} measured on {opts.peak.threads} "
-                          f"threads{_amx_fraction(opts, gf)}"))
+                          f"threads{_amx_fraction(opts, gf)}{_dpbf16_fraction(opts, gf)}"))
     amx_name = f"{label} fraction of the measured AMX-BF16 peak"
     if opts.amx_peak is not None:
         frac = opts.amx_peak.fraction(gf)
@@ -214,6 +216,14 @@ def _amx_fraction(opts: Options, gflops: float) -> str:
     if opts.amx_peak is None:
         return ""
     return f"; {opts.amx_peak.fraction(gflops):.2f} of the AMX-BF16 peak ({opts.amx_peak.gflops:.1f} GFLOP/s)"
+
+
+def _dpbf16_fraction(opts: Options, gflops: float) -> str:
+    """'; x of the AVX512-BF16 peak (...)' when that peak was measured."""
+    if opts.dpbf16_peak is None:
+        return ""
+    return (f"; {opts.dpbf16_peak.fraction(gflops):.2f} of the AVX512-BF16 peak ({opts.dpbf16_peak.gflops:.1f} "
+            f"GFLOP/s)")
 
 
 def row_fp8(rng, shape, opts: Options, numpy_target: float | None, jax_target: float | None,
@@ -375,6 +385,12 @@ def main(argv: list[str] | None = None) -> int:
                   f"(measured: threads / all-threads speedup): {machine.tile_unit_sharing(opts.amx_peak):.1f}")
         else:
             print(f"# {machine.describe_amx()}")
+            opts.dpbf16_peak = machine.measure_dpbf16_peak(seconds=args.peak_seconds)
+        if opts.dpbf16_peak is not None:
+            print(f"# measured AVX512-BF16 peak: {opts.dpbf16_peak.gflops:.1f} GFLOP/s on {opts.dpbf16_peak.threads} "
+                  f"threads ({opts.dpbf16_peak.gflops_one_thread:.1f} on one; the Cube's own VDPBF16PS micro-kernel "
+                  f"on L1-resident operands): BF16 and FP8 operands run on it (DG_CUBE_DPBF16), so the stand-in may "
+                  f"exceed the FMA peak; the BF16 fraction rows also give the fraction of this one")
     print("# (each kernel is compiled or loaded on its first, untimed call)", flush=True)
     rng = np.random.default_rng(0)
     results: list[Result] = []

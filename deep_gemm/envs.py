@@ -131,7 +131,14 @@ DG_JIT_NATIVE = _declare(
 DG_CUBE_AMX = _declare(
     "DG_CUBE_AMX", bool, True,
     "Run the Cube on the CPU's AMX tile unit (bf16 tiles, fp32 accumulation) when both operands are exact in bf16 "
-    "(BF16, FP8, FP4) and the CPU and kernel offer AMX-BF16 (0: the fp32 FMA micro-kernel everywhere)",
+    "(BF16, FP8, FP4) and the CPU and kernel offer AMX-BF16 (0: the next path, DG_CUBE_DPBF16's or the fp32 FMA "
+    "micro-kernel)",
+)
+DG_CUBE_DPBF16 = _declare(
+    "DG_CUBE_DPBF16", bool, True,
+    "Where the AMX path is not taken: run the Cube on the CPU's AVX512-BF16 dot products (VDPBF16PS: bf16 pairs, "
+    "fp32 accumulation) when both operands are exact in bf16 and the CPU and LLVM offer AVX512-BF16 (0: the fp32 "
+    "FMA micro-kernel)",
 )
 DG_SYNC_CHECK = _declare(
     "DG_SYNC_CHECK", bool, False,

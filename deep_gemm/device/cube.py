@@ -4,13 +4,15 @@ functions; a register-tiled fp32 FMA micro-kernel does the work. Not here: GM ->
 Contract (all ``@njit(cache=True)``, callable from generated kernels; sizes in elements):
 - ``l0a_size(mad_m, mad_k)`` / ``l0b_size(mad_n, mad_k)``: elements of one L0A / L0B buffer (either L0 dtype).
 - ``load_l0a(l0a, l1a, sf_l1a, row0, k0, mad_m, mad_k, with_sf)``: l1a[row0:row0+mad_m, k0:k0+mad_k] (times
-  2^(e-127), e = sf_l1a[row, k // 32], when with_sf) into the contiguous 1-D buffer l0a: fp32, or uint16 bf16 bits
-  (the AMX path below; the values must be exact in bf16). ``load_l0b`` the same for B. Fast path: unit K stride
+  2^(e-127), e = sf_l1a[row, k // 32], when with_sf) into the contiguous 1-D buffer l0a: fp32, or bf16 bits (the
+  values must be exact in bf16) as uint16 (the AMX path below) or int16 (the AVX512-BF16 path: the same layouts,
+  another Mmad). ``load_l0b`` the same for B. Fast path: unit K stride
   in L1, mad_k a multiple of 8 (with scales also k0 % 8 == 0); else scalar.
 - ``mmad(l0c, l0a, l0b, mad_m, mad_n, mad_k, init)``: l0c[:mad_m, :mad_n] (= if init, else +=) A @ B^T. fp32 L0:
   one fp32 FMA chain per element along K. Any mad_m works at full speed from 4 rows up, so the small-M "stream"
   path uses the same call (mad_m = 16 runs as 6 + 6 + 4-row tiles; each B panel chunk comes from memory once).
-  bf16 L0: TDPBF16PS on the host's AMX unit, fp32 accumulation in 32-K steps (see "The AMX path").
+  uint16 L0: TDPBF16PS on the host's AMX unit, fp32 accumulation in 32-K steps (see "The AMX path"); int16 L0:
+  VDPBF16PS register blocks, fp32 accumulation in K pairs (device/cube_dpbf16.py).
 The fp32 L0 layouts are private (only these functions read or write them):
 - L0A: rows x K, [mad_m][mad_k] (a scaled copy; the micro-kernel broadcasts A from it).
 - L0B: K-major panels of NR rows (16 on AVX2, the Cube fractal's width), [ceil(mad_n / NR)][mad_k][NR], rows past
@@ -18,15 +20,15 @@ The fp32 L0 layouts are private (only these functions read or write them):
 NOTES: the micro-kernel is LLVM IR emitted by an ``@intrinsic``: MR x NR of L0C in MR * NR / LANES vector
 accumulators updated with ``llvm.fma`` (AVX2: 6 x 16 in 12 ymm). Unlike numba's SLP vectorizer on scalar code
 (which spilled the 6 x 16 tile), its code does not depend on vectorizer settings or fastmath flags.
-The micro-kernel and its LLVM IR helpers live in device/cube_fma.py, the AMX path in device/cube_amx.py; this module
-holds the contract above.
+The micro-kernel and its LLVM IR helpers live in device/cube_fma.py, the AMX path in device/cube_amx.py, the
+AVX512-BF16 path in device/cube_dpbf16.py; this module holds the contract above.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, types
-from numba.extending import overload
+from numba.extending import overload, register_jitable
 
 from ..jit.numba_setup import apply_numba_settings
 from .cube_amx import (
@@ -44,6 +46,7 @@ from .cube_amx import (
     _vnni16x32,
     _vnni16x32_unscaled,
 )
+from .cube_dpbf16 import DPBF16_SUPPORTED, _mmad_dpbf16_core
 
 # NOTES: the register tile's constants and the pointer helpers stay importable from here (the other device modules,
 # tests, testing/machine.py).
@@ -89,6 +92,30 @@ def l0b_size(mad_n, mad_k):
     return ((mad_n + NR - 1) // NR) * NR * _round_up(mad_k, AMX_K)
 
 
+# The Cube's unit for an L0 buffer, from its element type (_l0_unit): fp32 FMA, AMX (uint16), AVX512-BF16 (int16).
+_UNIT_FMA = 0
+_UNIT_AMX = 1
+_UNIT_DPBF16 = 2
+
+
+def _l0_unit(l0):
+    """The unit of an L0 buffer's element type: _UNIT_FMA (4-byte elements, read as fp32), _UNIT_AMX (uint16),
+    _UNIT_DPBF16 (int16), -1 for any other type (numba-only; a constant of the type)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_l0_unit)
+def _l0_unit_impl(l0):
+    unit = -1
+    if l0.dtype == types.uint16:
+        unit = _UNIT_AMX
+    elif l0.dtype == types.int16:
+        unit = _UNIT_DPBF16
+    elif getattr(l0.dtype, "bitwidth", 0) == 32:
+        unit = _UNIT_FMA
+    return register_jitable(lambda l0: unit)
+
+
 @njit(cache=True, inline="always")
 def _check_load(l0, l1, sf_l1, row0, k0, rows, mad_k, with_sf, size):
     if row0 < 0 or k0 < 0 or rows < 0 or mad_k < 0:
@@ -97,12 +124,16 @@ def _check_load(l0, l1, sf_l1, row0, k0, rows, mad_k, with_sf, size):
         raise ValueError("cube load: the tile exceeds the L1 buffer")
     if l0.size < size:
         raise ValueError("cube load: the L0 buffer is smaller than l0a_size / l0b_size")
-    if l0.itemsize != 4 and l0.itemsize != 2:
-        raise ValueError("cube load: the L0 buffer must be fp32 or uint16 (bf16 bits)")
+    unit = _l0_unit(l0)
+    if unit < 0:
+        raise ValueError("cube load: the L0 buffer must be fp32 or uint16 / int16 (bf16 bits)")
     if l0.strides[0] != l0.itemsize:
         raise ValueError("cube load: the L0 buffer must be contiguous")
-    if l0.itemsize == 2 and not AMX_SUPPORTED:
+    if unit == _UNIT_AMX and not AMX_SUPPORTED:
         raise ValueError("cube load: a bf16 (uint16) L0 buffer needs the AMX path, which this CPU or kernel lacks")
+    if unit == _UNIT_DPBF16 and not DPBF16_SUPPORTED:
+        raise ValueError("cube load: a bf16 (int16) L0 buffer needs the AVX512-BF16 path, which this CPU or LLVM "
+                         "lacks")
     if with_sf and rows > 0 and mad_k > 0:
         if row0 + rows > sf_l1.shape[0] or (k0 + mad_k - 1) // 32 >= sf_l1.shape[1]:
             raise ValueError("cube load: the tile exceeds the L1 scale-factor buffer")
@@ -285,13 +316,14 @@ def _sf_args(sf_l1):
 # NOTES: the L0 element type picks the path when numba types the call (an itemsize test would be a run-time one:
 # numba keeps an array's itemsize in the array, so every kernel would compile and carry both paths).
 def _load_a_path(l0a, pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with_sf):
-    """L1 -> L0A on the path of l0a's element type: bf16 bits (AMX layout) or fp32 (numba-only)."""
+    """L1 -> L0A on the path of l0a's element type: bf16 bits (the AMX layout, uint16 or int16) or fp32
+    (numba-only)."""
     raise NotImplementedError("numba-only helper")
 
 
 @overload(_load_a_path)
 def _load_a_path_impl(l0a, pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with_sf):
-    if l0a.dtype == types.uint16:
+    if l0a.dtype in (types.uint16, types.int16):
         def bf16(l0a, pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with_sf):
             _load_a_bf16_core(_ptr_as_u16(l0a), pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with_sf)
         return bf16
@@ -308,7 +340,7 @@ def _load_b_path(l0b, pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, wi
 
 @overload(_load_b_path)
 def _load_b_path_impl(l0b, pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with_sf):
-    if l0b.dtype == types.uint16:
+    if l0b.dtype in (types.uint16, types.int16):
         def bf16(l0b, pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with_sf):
             _load_b_bf16_core(_ptr_as_u16(l0b), pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with_sf)
         return bf16
@@ -319,7 +351,8 @@ def _load_b_path_impl(l0b, pl1, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_
 
 
 def _mmad_path(l0c, l0a, l0b, mad_m, mad_n, mad_k, init):
-    """The Cube on the path of the L0 element type: AMX for bf16 bits, FMA for fp32 (numba-only)."""
+    """The Cube on the path of the L0 element type: AMX for uint16 bf16 bits, AVX512-BF16 for int16 bf16 bits, FMA
+    for fp32 (numba-only)."""
     raise NotImplementedError("numba-only helper")
 
 
@@ -330,6 +363,11 @@ def _mmad_path_impl(l0c, l0a, l0b, mad_m, mad_n, mad_k, init):
             _mmad_amx_core(_data_ptr(l0c), l0c.strides[0] // 4, l0c.strides[1] // 4, _ptr_as_u16(l0a),
                            _ptr_as_u16(l0b), mad_m, mad_n, mad_k, init)
         return amx
+    if l0a.dtype == types.int16:
+        def dpbf16(l0c, l0a, l0b, mad_m, mad_n, mad_k, init):
+            _mmad_dpbf16_core(_data_ptr(l0c), l0c.strides[0] // 4, l0c.strides[1] // 4, _ptr_as_u16(l0a),
+                              _ptr_as_u16(l0b), mad_m, mad_n, mad_k, init)
+        return dpbf16
 
     def fma(l0c, l0a, l0b, mad_m, mad_n, mad_k, init):
         _mmad_core(_data_ptr(l0c), l0c.strides[0] // 4, l0c.strides[1] // 4, _ptr_as_f32(l0a), _ptr_as_f32(l0b),
@@ -341,9 +379,10 @@ def _mmad_path_impl(l0c, l0a, l0b, mad_m, mad_n, mad_k, init):
 def load_l0a(l0a, l1a, sf_l1a, row0, k0, mad_m, mad_k, with_sf):
     """LoadData L1 -> L0A (asc_copy_l12l0a; asc_copy_l12l0a_mx with scales).
 
-    l0a: contiguous fp32 1-D [>= l0a_size(mad_m, mad_k)]; l1a: [block_m, block_k] (rows x K; any strides, unit
-    K stride is the fast path) of fp32 values, or of codes decoded here: uint8 FP8 e4m3fn, uint16 BF16 bits;
-    sf_l1a: uint8 UE8M0 exponents [block_m, block_k // 32] (read only when with_sf).
+    l0a: contiguous 1-D [>= l0a_size(mad_m, mad_k)], fp32 or bf16 bits (uint16: the AMX path, int16: the
+    AVX512-BF16 path); l1a: [block_m, block_k] (rows x K; any strides, unit K stride is the fast path) of fp32
+    values, or of codes decoded here: uint8 FP8 e4m3fn, uint16 BF16 bits; sf_l1a: uint8 UE8M0 exponents
+    [block_m, block_k // 32] (read only when with_sf).
     Packs l1a[row0:row0+mad_m, k0:k0+mad_k] (rows x K), each value times 2^(e-127) of its 32-K block when with_sf
     (exact: a power of two).
     """
@@ -357,10 +396,10 @@ def load_l0a(l0a, l1a, sf_l1a, row0, k0, mad_m, mad_k, with_sf):
 def load_l0b(l0b, l1b, sf_l1b, row0, k0, mad_n, mad_k, with_sf):
     """LoadData L1 -> L0B (asc_copy_l12l0b; asc_copy_l12l0b_mx with scales).
 
-    l0b: contiguous fp32 1-D [>= l0b_size(mad_n, mad_k)]; l1b: [block_n, block_k] (rows x K; fp32, uint8 FP8 or
-    uint16 BF16 codes, as load_l0a); sf_l1b: uint8
-    [block_n, block_k // 32] (read only when with_sf). Packs l1b[row0:row0+mad_n, k0:k0+mad_k], times 2^(e-127) per
-    32-K block when with_sf, into K-major panels of NR rows (transposed 8 x 8 blocks at a time).
+    l0b: contiguous 1-D [>= l0b_size(mad_n, mad_k)], fp32 or bf16 bits (as l0a); l1b: [block_n, block_k] (rows x
+    K; fp32, uint8 FP8 or uint16 BF16 codes, as load_l0a); sf_l1b: uint8 [block_n, block_k // 32] (read only when
+    with_sf). Packs l1b[row0:row0+mad_n, k0:k0+mad_k], times 2^(e-127) per 32-K block when with_sf, into K-major
+    panels of NR rows (transposed 8 x 8 blocks at a time; the bf16 layouts: see "The AMX path").
     """
     _check_load(l0b, l1b, sf_l1b, row0, k0, mad_n, mad_k, with_sf, l0b_size(mad_n, mad_k))
     psf, sf_rs, sf_cs = _sf_args(sf_l1b)
@@ -427,9 +466,9 @@ def mmad(l0c, l0a, l0b, mad_m, mad_n, mad_k, init):
     l0c: fp32 2-D [>= mad_m, >= mad_n] (any strides; a view is fine); l0a / l0b: contiguous buffers filled by
     load_l0a / load_l0b with the same mad sizes. Any mad_m >= 1 runs at full speed from 4 rows up (small-M / stream
     path included: each B panel chunk is read from memory once and from L1 by every row tile). fp32 L0: each C
-    element is one fp32 FMA chain along K; bf16 (uint16) L0: TDPBF16PS over 32-K steps from k = 0 (the AMX path).
-    Either way results do not depend on tiling, threads or core count. With init, L0C is written without being
-    read.
+    element is one fp32 FMA chain along K; bf16 (uint16) L0: TDPBF16PS over 32-K steps from k = 0 (the AMX path);
+    bf16 (int16) L0: VDPBF16PS over K pairs from k = 0 (the AVX512-BF16 path). Either way results do not depend
+    on tiling, threads or core count. With init, L0C is written without being read.
     """
     if mad_m < 0 or mad_n < 0 or mad_k < 0:
         raise ValueError("mmad: negative tile size")
@@ -437,12 +476,15 @@ def mmad(l0c, l0a, l0b, mad_m, mad_n, mad_k, init):
         raise ValueError("mmad: L0C is smaller than mad_m x mad_n")
     if l0a.size < l0a_size(mad_m, mad_k) or l0b.size < l0b_size(mad_n, mad_k):
         raise ValueError("mmad: L0A / L0B smaller than l0a_size / l0b_size")
-    if l0a.itemsize != l0b.itemsize or (l0a.itemsize != 4 and l0a.itemsize != 2):
-        raise ValueError("mmad: L0A and L0B must both be fp32 or both uint16 (bf16 bits)")
+    unit = _l0_unit(l0a)
+    if unit < 0 or unit != _l0_unit(l0b):
+        raise ValueError("mmad: L0A and L0B must both be fp32, both uint16 or both int16 (bf16 bits)")
     if l0a.strides[0] != l0a.itemsize or l0b.strides[0] != l0b.itemsize:
         raise ValueError("mmad: L0A / L0B must be contiguous")
-    if l0a.itemsize == 2 and not AMX_SUPPORTED:
+    if unit == _UNIT_AMX and not AMX_SUPPORTED:
         raise ValueError("mmad: bf16 (uint16) L0 buffers need the AMX path, which this CPU or kernel lacks")
+    if unit == _UNIT_DPBF16 and not DPBF16_SUPPORTED:
+        raise ValueError("mmad: bf16 (int16) L0 buffers need the AVX512-BF16 path, which this CPU or LLVM lacks")
     if mad_m == 0 or mad_n == 0:
         return
     if mad_k == 0:

@@ -114,12 +114,13 @@ def compiled_shape(compiled_dims: str, m: int, n: int, k: int) -> dict[str, int]
 
 
 def gemm_constants(desc: GemmDesc, config: GemmConfig, compiled_dims: str, resident_a: bool,
-                   l0_bf16: bool | None = None) -> dict[str, object]:
+                   l0_bf16: str | bool | None = None) -> dict[str, object]:
     """Every template constant of a GEMM kernel: the config's (BLOCK_M ... PATH), the compiled shape, the majors,
     the dtypes, the epilogue mode, the stream path's resident-A flag, the schedule (GEMM_TYPE) and the L0 type
-    (CUBE_L0_BF16: cube_l0_bf16() unless given)."""
+    (CUBE_L0_BF16: the bf16 unit, "amx" or "dpbf16", or "" for fp32 L0; cube_l0_bf16() unless given)."""
     if l0_bf16 is None:
         l0_bf16 = cube_l0_bf16(desc.a_dtype, desc.b_dtype)
+    l0_bf16 = l0_bf16 or ""
     if desc.gemm_type not in KERNEL_GEMM_TYPES:
         raise ValueError(f"gemm_type={desc.gemm_type!r} has no kernel schedule; allowed: {KERNEL_GEMM_TYPES}")
     constants = config.template_constants()
@@ -133,7 +134,7 @@ def gemm_constants(desc: GemmDesc, config: GemmConfig, compiled_dims: str, resid
 
 
 def gemm_template_constants(desc: GemmDesc, config: GemmConfig, arch: ArchSpec, *,
-                            compiled_dims: str, cube_l0_bf16: bool | None = None) -> dict[str, object]:
+                            compiled_dims: str, cube_l0_bf16: str | bool | None = None) -> dict[str, object]:
     """A GEMM family's template constants (KernelFamily.template_constants): decides the resident-A panel and checks
     the config against the chip's buffers first. Raises device.BufferCapacityError for a config the chip could not
     hold (the analogue of the real kernel's static_asserts)."""
@@ -153,13 +154,17 @@ def gemm_template_constants(desc: GemmDesc, config: GemmConfig, arch: ArchSpec, 
 BF16_EXACT_DTYPES = ("bf16", "fp8", "fp4")
 
 
-def cube_l0_bf16(*operand_dtypes: str) -> bool:
-    """Whether a kernel built now keeps these operands in bf16 L0 buffers and runs its Mmads on the host's AMX tile
-    unit: every operand exact in bf16 and jit.amx.enabled() (which asks the OS for the tile state, so a kernel
-    rendered with it never runs in a process without that permission)."""
-    from ..jit import amx
+def cube_l0_bf16(*operand_dtypes: str) -> str:
+    """The unit a kernel built now runs these operands' Mmads on when it keeps them in bf16 L0 buffers: "amx" (the
+    host's AMX tile unit) or "dpbf16" (its AVX512-BF16 dot products), as jit.cpu_features.cube_bf16_unit() picks
+    it (which asks the OS for the tile state first, so a kernel rendered for AMX never runs in a process without
+    that permission); "" (false) when some operand is not exact in bf16 or no bf16 unit is enabled (fp32 L0, the
+    FMA Cube). The unit is a template constant (CUBE_L0_BF16), so it is part of every kernel's key and source."""
+    from ..jit.cpu_features import cube_bf16_unit
 
-    return all(d in BF16_EXACT_DTYPES for d in operand_dtypes) and amx.enabled()
+    if not all(d in BF16_EXACT_DTYPES for d in operand_dtypes):
+        return ""
+    return cube_bf16_unit()
 
 
 def _select_config(desc: GemmDesc, arch: ArchSpec) -> GemmConfig:
@@ -194,9 +199,10 @@ def prepare_gemm(family: KernelFamily, m: int, n: int, k: int, a_dtype: str, b_d
     num_ai_cores, arch = current_target()
     # NOTES: DG_SYNC_CHECK builds other kernels (the checker's): part of the key, and an option of the build.
     sync_check = envs.DG_SYNC_CHECK.get()
-    # NOTES: and whether the Cube runs on bf16 L0 (DG_CUBE_AMX may change between calls): another kernel.
+    # NOTES: and the Cube's unit for bf16 L0, "" for fp32 L0 (DG_CUBE_AMX / DG_CUBE_DPBF16 may change between
+    # calls): another kernel.
     key = (m, n, k, a_dtype, b_dtype, out_dtype, major_a, major_b, with_accumulation, compiled_dims, num_ai_cores,
-           arch.name, config, gemm_type, num_groups, sync_check, l0_bf16 and cube_l0_bf16(a_dtype, b_dtype))
+           arch.name, config, gemm_type, num_groups, sync_check, cube_l0_bf16(a_dtype, b_dtype) if l0_bf16 else "")
     prepared = family.lookup(key)
     if prepared is None:
         desc = GemmDesc(m=m, n=n, k=k, a_dtype=a_dtype, b_dtype=b_dtype, out_dtype=out_dtype, major_a=major_a,

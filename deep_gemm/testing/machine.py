@@ -99,7 +99,10 @@ def amx_present() -> bool:
 def describe_amx() -> str:
     """'AMX-BF16 present (one tile unit per core, shared by its N threads as the OS reports them)' or 'absent'."""
     if not amx_present():
-        return "AMX-BF16 absent (no tile unit: BF16 and FP8 run on the FMA units)"
+        from ..jit.cpu_features import dpbf16_supported
+
+        units = "the AVX512-BF16 dot products (VDPBF16PS)" if dpbf16_supported() else "the FMA units"
+        return f"AMX-BF16 absent (no tile unit: BF16 and FP8 run on {units})"
     n = smt_threads_per_core()
     return (f"AMX-BF16 present (one tile unit per core, shared by its {n} hardware thread{'s' if n > 1 else ''} as "
             f"the OS reports them)")
@@ -345,3 +348,50 @@ def measure_amx_peak(threads: int | None = None, seconds: float = 0.2, repeats: 
     flops = 2 * (2 * 16) * (2 * 16) * 32 * AMX_STEPS
     one, all_threads, per_cpu = _measure_loop(fn, flops, threads, seconds, repeats)
     return FmaPeak(all_threads, one, threads, 0, per_cpu)
+
+
+# The AVX512-BF16 loop: the Cube's own 8 x 32 VDPBF16PS micro-kernel over DPBF16_PAIRS K pairs per iteration,
+# operands L1-resident (A 8 rows x 256 bf16 = 4 KiB, B two 16-row panels = 16 KiB).
+DPBF16_PAIRS = 128
+
+
+def _build_dpbf16_kernel():
+    """The njit(nogil) loop ``f(n_iters, x) -> float32`` running the Cube's AVX512-BF16 micro-kernel (MR x 32 C,
+    accumulating) n_iters times on L1-resident operands; None when the host (or its LLVM) has no AVX512-BF16."""
+    from ..device import cube, cube_dpbf16
+
+    if not cube.DPBF16_SUPPORTED:
+        return None
+    from numba import njit
+
+    pairs, mr, cols = DPBF16_PAIRS, cube.MR, cube_dpbf16.DP_COLS
+
+    @njit(nogil=True)
+    def dpbf16_loop(n_iters, x):
+        a = np.full(mr * 2 * pairs, 0x3F80, dtype=np.uint16)  # bf16 1.0
+        b = np.full(cols * 2 * pairs, 0x3F80, dtype=np.uint16)
+        c = np.zeros((mr, cols), dtype=np.float32)
+        for _ in range(n_iters):
+            cube_dpbf16._dp_kernel(mr, pairs, cube._data_ptr(a), 2 * pairs, cube._data_ptr(b), 16 * 2 * pairs,
+                                   cube._data_ptr(c), cols, cols, False)
+        # every element of C gained 2 * pairs per iteration (A = B = 1): the work was done
+        return c[mr - 1, cols - 1] * x
+
+    dpbf16_loop(np.intp(1), np.float32(1.0))  # compile
+    return dpbf16_loop
+
+
+def measure_dpbf16_peak(threads: int | None = None, seconds: float = 0.2, repeats: int = 5) -> FmaPeak | None:
+    """Measure the AVX512-BF16 dot products through the Cube's own micro-kernel (VDPBF16PS, 2 flops per bf16
+    multiply-add, operands in L1): the best of ``repeats`` runs on ``threads`` threads (default: the usable CPUs)
+    and on one, as an FmaPeak (vector_bits 512). None when the host has no AVX512-BF16 path. Compiles a small
+    numba kernel on first use."""
+    threads = _check_peak_args(threads, seconds, repeats)
+    fn = _build_dpbf16_kernel()
+    if fn is None:
+        return None
+    from ..device import cube, cube_dpbf16
+
+    flops = 2 * cube.MR * cube_dpbf16.DP_COLS * 2 * DPBF16_PAIRS
+    one, all_threads, per_cpu = _measure_loop(fn, flops, threads, seconds, repeats)
+    return FmaPeak(all_threads, one, threads, 512, per_cpu)

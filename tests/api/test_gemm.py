@@ -180,11 +180,12 @@ def test_core_count_changes_kernel_not_result(rng):
 
 
 @pytest.mark.parametrize("kind", ["fp8", "bf16"])
-def test_amx_and_fma_cubes_agree(rng, monkeypatch, kind):
-    # The Cube's two engines: bf16 L0 on the AMX tile unit (the default where the host has it) and fp32 L0 on the
-    # FMA micro-kernel (DG_CUBE_AMX=0, and every host without AMX). Each kernel states its L0 type; both meet the
-    # reference; the switch takes effect between calls of one process.
-    from deep_gemm.jit import amx
+def test_every_cube_unit_agrees(rng, monkeypatch, kind):
+    # The Cube's engines: bf16 L0 on the AMX tile unit (the default where the host has it), bf16 L0 on the
+    # AVX512-BF16 dot products (the default where AMX is absent or DG_CUBE_AMX=0) and fp32 L0 on the FMA
+    # micro-kernel (both switches 0, and every host without either). Each kernel states its unit; all meet the
+    # reference; the switches take effect between calls of one process.
+    from deep_gemm.jit import amx, cpu_features
     from deep_gemm.kernels.bf16_gemm import BF16_GEMM
     from deep_gemm.kernels.fp8_gemm import FP8_GEMM
 
@@ -198,14 +199,18 @@ def test_amx_and_fma_cubes_agree(rng, monkeypatch, kind):
         a_ref, b_ref = a, b
         run, family = deep_gemm.bf16_gemm_nt, BF16_GEMM
     ref = reference_gemm(a_ref, b_ref)
-    for flag in ("1", "0"):
-        monkeypatch.setenv("DG_CUBE_AMX", flag)
+    dp = "dpbf16" if cpu_features.dpbf16_supported() else ""
+    expected = []
+    for flag_amx, flag_dp, unit in (("1", "1", "amx" if amx.supported() else dp), ("0", "1", dp), ("0", "0", "")):
+        monkeypatch.setenv("DG_CUBE_AMX", flag_amx)
+        monkeypatch.setenv("DG_CUBE_DPBF16", flag_dp)
         d = _garbage(rng, (m, n), np.float32)
         run(a, b, d)
-        assert calc_diff(d, ref) < (TOL[("fp8", "fp8")] if kind == "fp8" else TOL["bf16"])
+        assert calc_diff(d, ref) < (TOL[("fp8", "fp8")] if kind == "fp8" else TOL["bf16"]), (flag_amx, flag_dp)
+        expected.append(unit)
     l0_types = {p.constants["CUBE_L0_BF16"] for p in family._prepared.values()
                 if (p.desc.m, p.desc.n, p.desc.k) == (m, n, k)}
-    assert l0_types == ({True, False} if amx.supported() else {False})
+    assert l0_types == set(expected)
 
 
 def test_deterministic_across_calls_and_threads(rng):

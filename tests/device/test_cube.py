@@ -1,6 +1,8 @@
 """The Cube stand-in (deep_gemm.device.cube) against numpy: L1 -> L0 loads with UE8M0 scales, Mmad (init and
 accumulate, every row-tile size, partial panels, strided L0C), and the micro-kernel's machine code (full-width FMAs,
-no spills in the K loop); the same for the AMX path (bf16 L0 layouts, TDPBF16PS in the loop), where the host has it."""
+no spills in the K loop); the same for the bf16 L0 paths where the host has them: AMX (uint16 L0, TDPBF16PS in the
+loop) and AVX512-BF16 (int16 L0, the same layouts, VDPBF16PS register blocks; bit-exact against an emulation of the
+instruction's pair order)."""
 
 from __future__ import annotations
 
@@ -240,9 +242,12 @@ def test_microkernel_compiles_to_full_width_fma_without_spills():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The AMX path: bf16 (uint16) L0 buffers, TDPBF16PS
+# The bf16 L0 paths: AMX (uint16 L0 buffers, TDPBF16PS) and AVX512-BF16 (int16 L0 buffers, VDPBF16PS)
 # ---------------------------------------------------------------------------------------------------------------
 amx_only = pytest.mark.skipif(not cube.AMX_SUPPORTED, reason="this CPU or kernel offers no AMX-BF16")
+dpbf16_only = pytest.mark.skipif(not cube.DPBF16_SUPPORTED, reason="this CPU or LLVM offers no AVX512-BF16")
+# The L0 element type names the unit; both share the bf16 layouts.
+BF16_UNITS = [pytest.param(np.uint16, marks=amx_only, id="amx"), pytest.param(np.int16, marks=dpbf16_only, id="dpbf16")]
 
 
 def _bf16_exact(x):
@@ -265,22 +270,22 @@ def _l1_operand(rng, rows, cols, kind):
     return v, v.astype(np.float64)
 
 
-def _bf16_product(l1a, sfa, l1b, sfb, row0_a, row0_b, k0, mad_m, mad_n, mad_k, with_sf, l0c, init):
+def _bf16_product(l1a, sfa, l1b, sfb, row0_a, row0_b, k0, mad_m, mad_n, mad_k, with_sf, l0c, init, l0_dtype=np.uint16):
     # All-ones (NaN) bf16 L0 buffers: a slot the loads forget to write would poison the product.
-    l0a = np.full(cube.l0a_size(mad_m, mad_k), 0xFFFF, dtype=np.uint16)
-    l0b = np.full(cube.l0b_size(mad_n, mad_k), 0xFFFF, dtype=np.uint16)
+    l0a = np.full(cube.l0a_size(mad_m, mad_k), 0xFFFF, dtype=np.uint16).view(l0_dtype)
+    l0b = np.full(cube.l0b_size(mad_n, mad_k), 0xFFFF, dtype=np.uint16).view(l0_dtype)
     cube.load_l0a(l0a, l1a, sfa, row0_a, k0, mad_m, mad_k, with_sf)
     cube.load_l0b(l0b, l1b, sfb, row0_b, k0, mad_n, mad_k, with_sf)
     cube.mmad(l0c, l0a, l0b, mad_m, mad_n, mad_k, init)
     return l0a, l0b
 
 
-@amx_only
+@pytest.mark.parametrize("l0_dtype", BF16_UNITS)
 @pytest.mark.parametrize("kind", ["bf16", "fp8", "fp32"])
 @pytest.mark.parametrize("with_sf", [False, True])
 @pytest.mark.parametrize("mad_m, mad_n, mad_k, k0",
                          [(1, 16, 32, 0), (16, 32, 64, 32), (33, 47, 96, 0), (64, 64, 40, 32), (20, 5, 8, 0)])
-def test_bf16_l0_init_then_accumulate(rng, kind, with_sf, mad_m, mad_n, mad_k, k0):
+def test_bf16_l0_init_then_accumulate(rng, l0_dtype, kind, with_sf, mad_m, mad_n, mad_k, k0):
     # Full and partial 32 x 32 C blocks, K not a multiple of 32 (zero padding), a K offset into L1, scaled and not,
     # every L1 kind; L0C wider than the tile and full of NaN outside it (never read by init, never written).
     extra, block_k = 3, k0 + mad_k + 8
@@ -295,37 +300,37 @@ def test_bf16_l0_init_then_accumulate(rng, kind, with_sf, mad_m, mad_n, mad_k, k
     a = _ref_scaled(va, sfa, extra, k0, mad_m, mad_k, with_sf)
     b = _ref_scaled(vb, sfb, 1, k0, mad_n, mad_k, with_sf)
     for step in range(2):
-        _bf16_product(l1a, sfa, l1b, sfb, extra, 1, k0, mad_m, mad_n, mad_k, with_sf, l0c, step == 0)
+        _bf16_product(l1a, sfa, l1b, sfb, extra, 1, k0, mad_m, mad_n, mad_k, with_sf, l0c, step == 0, l0_dtype)
         np.testing.assert_allclose(l0c[:mad_m, :mad_n], (step + 1) * (a @ b.T), rtol=0,
                                    atol=_tol(a, b) * (step + 1))
     np.testing.assert_array_equal(l0c[mad_m:], sentinel[mad_m:])
     np.testing.assert_array_equal(l0c[:, mad_n:], sentinel[:, mad_n:])
 
 
-@amx_only
-def test_bf16_l0_layouts(rng):
+@pytest.mark.parametrize("l0_dtype", BF16_UNITS)
+def test_bf16_l0_layouts(rng, l0_dtype):
     # The private layouts, element by element: L0A rows x round_up(K, 32) with zero K padding; L0B 16-row panels of
     # K pairs, [panel][k // 2][lane][k % 2], zero past mad_n and past mad_k.
     mad_m, mad_n, mad_k = 5, 20, 40
     l1a, _ = _l1_operand(rng, mad_m, mad_k, "bf16")
     l1b, _ = _l1_operand(rng, mad_n, mad_k, "bf16")
     sf = np.zeros((1, 1), dtype=np.uint8)
-    l0a = np.full(cube.l0a_size(mad_m, mad_k), 0xFFFF, dtype=np.uint16)
-    l0b = np.full(cube.l0b_size(mad_n, mad_k), 0xFFFF, dtype=np.uint16)
+    l0a = np.full(cube.l0a_size(mad_m, mad_k), 0xFFFF, dtype=np.uint16).view(l0_dtype)
+    l0b = np.full(cube.l0b_size(mad_n, mad_k), 0xFFFF, dtype=np.uint16).view(l0_dtype)
     cube.load_l0a(l0a, l1a, sf, 0, 0, mad_m, mad_k, False)
     cube.load_l0b(l0b, l1b, sf, 0, 0, mad_n, mad_k, False)
     kp = 64
-    a = l0a[: mad_m * kp].reshape(mad_m, kp)
+    a = l0a.view(np.uint16)[: mad_m * kp].reshape(mad_m, kp)
     np.testing.assert_array_equal(a[:, :mad_k], l1a)
     assert not a[:, mad_k:].any()
-    b = l0b[: 2 * kp * 16].reshape(2, kp // 2, 16, 2)
+    b = l0b.view(np.uint16)[: 2 * kp * 16].reshape(2, kp // 2, 16, 2)
     padded = np.zeros((32, kp), dtype=np.uint16)
     padded[:mad_n, :mad_k] = l1b
     np.testing.assert_array_equal(b, padded.reshape(2, 16, kp // 2, 2).transpose(0, 2, 1, 3))
 
 
-@amx_only
-def test_bf16_l0_depends_only_on_the_32k_steps(rng):
+@pytest.mark.parametrize("l0_dtype", BF16_UNITS)
+def test_bf16_l0_depends_only_on_the_32k_steps(rng, l0_dtype):
     # One Mmad over K = 256 equals four accumulating Mmads of 64 (and two of 128), bit for bit: results depend on
     # the order of the 32-K steps only, not on how a kernel splits K into MADs, tiles or cores. A column-strided
     # L0C (the scratch path) gives the same bits too.
@@ -338,28 +343,108 @@ def test_bf16_l0_depends_only_on_the_32k_steps(rng):
     for mad_k in (256, 128, 64):
         l0c = np.empty((mad_m, mad_n), dtype=np.float32)
         for k0 in range(0, k, mad_k):
-            _bf16_product(l1a, sfa, l1b, sfb, 0, 0, k0, mad_m, mad_n, mad_k, True, l0c, k0 == 0)
+            _bf16_product(l1a, sfa, l1b, sfb, 0, 0, k0, mad_m, mad_n, mad_k, True, l0c, k0 == 0, l0_dtype)
         outs.append(l0c)
     wide = np.zeros((mad_m, 2 * mad_n), dtype=np.float32)
-    _bf16_product(l1a, sfa, l1b, sfb, 0, 0, 0, mad_m, mad_n, k, True, wide[:, ::2], True)
+    _bf16_product(l1a, sfa, l1b, sfb, 0, 0, 0, mad_m, mad_n, k, True, wide[:, ::2], True, l0_dtype)
     outs.append(wide[:, ::2])
     for out in outs[1:]:
         np.testing.assert_array_equal(out, outs[0])
     assert not wide[:, 1::2].any()
 
 
-@amx_only
-def test_bf16_l0_bad_arguments_raise():
+@pytest.mark.parametrize("l0_dtype", BF16_UNITS)
+def test_bf16_l0_bad_arguments_raise(l0_dtype):
     l1 = np.zeros((16, 64), dtype=np.uint16)
     sf = np.zeros((16, 2), dtype=np.uint8)
-    l0_16 = np.zeros(cube.l0b_size(16, 64), dtype=np.uint16)
+    l0_16 = np.zeros(cube.l0b_size(16, 64), dtype=l0_dtype)
     l0_32 = np.zeros(cube.l0b_size(16, 64), dtype=np.float32)
-    with pytest.raises(ValueError, match="must both be fp32 or both uint16"):
+    other = np.zeros(cube.l0b_size(16, 64), dtype=np.int16 if l0_dtype == np.uint16 else np.uint16)
+    with pytest.raises(ValueError, match="must both be fp32, both uint16 or both int16"):
         cube.mmad(np.zeros((16, 16), np.float32), l0_32, l0_16, 16, 16, 64, True)
+    with pytest.raises(ValueError, match="must both be fp32, both uint16 or both int16"):
+        cube.mmad(np.zeros((16, 16), np.float32), other, l0_16, 16, 16, 64, True)
     with pytest.raises(ValueError, match="contiguous"):
-        cube.load_l0a(np.zeros(2 * l0_16.size, np.uint16)[::2], l1, sf, 0, 0, 16, 64, False)
-    with pytest.raises(ValueError, match="fp32 or uint16"):
+        cube.load_l0a(np.zeros(2 * l0_16.size, l0_dtype)[::2], l1, sf, 0, 0, 16, 64, False)
+    with pytest.raises(ValueError, match="fp32 or uint16 / int16"):
         cube.load_l0a(np.zeros(l0_16.size, np.int8), l1, sf, 0, 0, 16, 64, False)
+
+
+def _dpbf16_emulation(a, b, init_c=None):
+    """VDPBF16PS's sums in numpy: C[i, j] over K pairs q in order, += a[i, 2q + 1] b[j, 2q + 1] then += a[i, 2q]
+    b[j, 2q], each addition an fp32 rounding (the products of bf16 values are exact in fp32). a, b: bf16-exact
+    float32 with an even K (zero-padded); no subnormals occur at these magnitudes."""
+    acc = np.zeros((a.shape[0], b.shape[0]), np.float32) if init_c is None else init_c.astype(np.float32)
+    for q in range(a.shape[1] // 2):
+        acc = acc + np.outer(a[:, 2 * q + 1], b[:, 2 * q + 1])
+        acc = acc + np.outer(a[:, 2 * q], b[:, 2 * q])
+    return acc
+
+
+@dpbf16_only
+@pytest.mark.parametrize("mad_m, mad_n, mad_k",
+                         [(m, 40, 70) for m in range(1, 2 * cube.MR + 2)] + [(24, 5, 32), (9, 17, 8), (16, 64, 600)])
+def test_dpbf16_mmad_is_the_instruction_pair_order(rng, mad_m, mad_n, mad_k):
+    # Bit for bit the emulated VDPBF16PS order, init and accumulate: every row tile (1..MR and the balanced
+    # remainders), partial 32-column blocks (masked C and B lanes), K not a multiple of 32, K past one K chunk.
+    l1a, _ = _l1_operand(rng, mad_m, mad_k, "bf16")
+    l1b, _ = _l1_operand(rng, mad_n, mad_k, "bf16")
+    sf = np.zeros((1, 1), dtype=np.uint8)
+    kp = (mad_k + 31) // 32 * 32
+    a = np.zeros((mad_m, kp), np.float32)
+    b = np.zeros((mad_n, kp), np.float32)
+    a[:, :mad_k] = (l1a.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    b[:, :mad_k] = (l1b.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    l0c = np.full((mad_m + 1, mad_n + 5), np.nan, dtype=np.float32)
+    _bf16_product(l1a, sf, l1b, sf, 0, 0, 0, mad_m, mad_n, mad_k, False, l0c, True, np.int16)
+    first = _dpbf16_emulation(a, b)
+    np.testing.assert_array_equal(l0c[:mad_m, :mad_n], first)
+    _bf16_product(l1a, sf, l1b, sf, 0, 0, 0, mad_m, mad_n, mad_k, False, l0c, False, np.int16)
+    np.testing.assert_array_equal(l0c[:mad_m, :mad_n], _dpbf16_emulation(a, b, first))
+    assert np.isnan(l0c[mad_m:]).all() and np.isnan(l0c[:, mad_n:]).all()
+
+
+@dpbf16_only
+def test_dpbf16_reads_subnormal_operands_as_zero():
+    # Like the AMX unit, VDPBF16PS reads a subnormal bf16 (here 2^-127 from the scale byte 0) as zero, where the fp32
+    # FMA Cube keeps it: why api.checks.rebalance_scales needs every scaled operand normal on either bf16 path.
+    mad_m = mad_n = 16
+    mad_k = 32
+    ones = np.full((16, mad_k), 0x3F80, dtype=np.uint16)  # bf16 1.0
+    sfa = np.zeros((16, 1), dtype=np.uint8)  # 2^-127: subnormal
+    sfb = np.full((16, 1), 127, dtype=np.uint8)
+    fma = np.empty((mad_m, mad_n), np.float32)
+    _cube_product(ones, sfa, ones, sfb, 0, 0, 0, mad_m, mad_n, mad_k, True, fma, True)
+    assert np.all(fma == np.float32(32 * 2.0**-127))
+    dp = np.full((mad_m, mad_n), np.nan, np.float32)
+    _bf16_product(ones, sfa, ones, sfb, 0, 0, 0, mad_m, mad_n, mad_k, True, dp, True, np.int16)
+    assert not dp.any()
+    sfa[:] = 1  # 2^-126, the smallest normal: counted
+    _bf16_product(ones, sfa, ones, sfb, 0, 0, 0, mad_m, mad_n, mad_k, True, dp, True, np.int16)
+    assert np.all(dp == np.float32(32 * 2.0**-126))
+
+
+@dpbf16_only
+def test_dpbf16_mmad_compiles_to_register_blocked_vdpbf16ps():
+    from numba import njit, types
+
+    from deep_gemm.device.cube_dpbf16 import _dp_kernel
+
+    # NOTES: a fresh (uncached) compile: numba cannot show asm of code loaded from its cache.
+    fresh = njit(_dp_kernel.py_func)
+    u16, f32 = types.CPointer(types.uint16), types.CPointer(types.float32)
+    signature = (types.intp, types.intp, u16, types.intp, u16, types.intp, f32, types.intp, types.intp,
+                 types.boolean)
+    fresh.compile(signature)
+    asm = fresh.inspect_asm(signature)
+    dp = re.compile(r"^vdpbf16ps\s.*%zmm\d+$")
+    # the MR-row kernel's K loop: 2 MR VDPBF16PS per K pair (LLVM may unroll it), accumulators never spilled
+    hot = [b for b in _loop_blocks(asm) if sum(bool(dp.match(i)) for i in b) >= 2 * cube.MR]
+    assert hot, f"no loop body with {2 * cube.MR} zmm VDPBF16PS: the micro-kernel lost its register block"
+    for block in hot:
+        body = block[: next((n for n, i in enumerate(block) if i.startswith("j")), len(block))]
+        spills = [i for i in body if "(%rsp)" in i and "%zmm" in i]
+        assert not spills, f"vector register spills in the hot loop: {spills[:3]}"
 
 
 @amx_only

@@ -71,6 +71,26 @@ def test_amx_kernel_runs_every_step_and_peak_arguments():
             machine.measure_amx_peak(**kwargs)
 
 
+def test_dpbf16_kernel_runs_every_pair_and_peak_arguments():
+    # The AVX512-BF16 loop adds 2 * DPBF16_PAIRS (A = B = 1) to C per iteration: the flops it is credited with are
+    # done.
+    from deep_gemm.device import cube
+
+    fn = machine._build_dpbf16_kernel()
+    if not cube.DPBF16_SUPPORTED:
+        assert fn is None and machine.measure_dpbf16_peak(threads=1, seconds=0.01, repeats=1) is None
+        return
+    for n_iters in (0, 1, 7):
+        assert fn(np.intp(n_iters), np.float32(1.0)) == 2 * machine.DPBF16_PAIRS * n_iters
+    peak = machine.measure_dpbf16_peak(threads=1, seconds=0.01, repeats=1)
+    assert peak.threads == 1 and peak.gflops > 0 and peak.gflops == peak.gflops_one_thread
+    assert peak.vector_bits == 512
+    for kwargs, match in ((dict(threads=0), "threads=0"), (dict(seconds=0), "seconds=0"),
+                          (dict(repeats=0), "repeats=0")):
+        with pytest.raises(ValueError, match=match):
+            machine.measure_dpbf16_peak(**kwargs)
+
+
 def test_machine_line_says_whether_amx_is_present_and_who_shares_it():
     threads = machine.smt_threads_per_core()
     assert isinstance(threads, int) and threads >= 1
