@@ -390,8 +390,8 @@ def rebalance_sf_exponents(
     NaN bytes (255) are left as they are. Raises ValueError naming the K block and rows when no exact split exists:
     the bytes of one K-block column of sfa or sfb span too wide a range, or the sum can overflow while other
     blocks' products are so small that a shift of the output would lose them.
-    ``require_normal``: every nonzero scaled operand value must also be a normal fp32 (the AMX Cube reads bf16
-    subnormals as zero); raises SubnormalOperandsError when no split gives that.
+    ``require_normal``: every nonzero scaled operand value must also be a normal fp32 (the AMX and AVX512-BF16
+    Cubes read bf16 subnormals as zero); raises SubnormalOperandsError when no split gives that.
     """
     num_blocks = ceil_div(k, _SF_BLOCK_K)
     if num_blocks == 0 or sfa.shape[1] == 0 or sfb.shape[1] == 0:
