@@ -37,8 +37,10 @@ DEFAULT_UB_BYTES = 253952  # 248 KiB usable per AIV on the 950 (CANN INI ub_size
 UB_ALIGN = 32
 
 # info layout: [0] number of sets so far (the scheduler's progress counter), then per sub-core (flag id, line) of the
-# wait it is blocked in.
-INFO_SIZE = 1 + 2 * NUM_SUB_CORES
+# wait it is blocked in, then per AIV the byte range [lo, hi) of its UB that UBTensor views have addressed since the
+# core started (lo >= hi: none; reset_cross_state zeroes only that range).
+INFO_UB_RANGE = 1 + 2 * NUM_SUB_CORES
+INFO_SIZE = INFO_UB_RANGE + 2 * 2
 
 
 def template_location(module_name: str, line: int) -> str | None:
@@ -103,7 +105,30 @@ def new_cross_state(ub_bytes):
     set_lines = np.zeros((NUM_SUB_CORES, NUM_CROSS_FLAG_IDS), np.int64)
     info = np.zeros(INFO_SIZE, np.int64)
     ub = np.zeros((2, ub_bytes), np.uint8)
+    for aiv in range(2):
+        info[INFO_UB_RANGE + 2 * aiv] = ub_bytes
     return flags, set_lines, info, ub
+
+
+@njit(cache=True)
+def reset_cross_state(flags, set_lines, info, ub):
+    """Make a used cross-core state (new_cross_state) as new for the next logical core of a launch part: flags, lines
+    and info zeroed, and each UB zeroed over the byte range its UBTensor views addressed (the rest is still zero:
+    every UB byte a kernel can write is inside a view), so a core never sees what the previous one left.
+
+    NOTES: zeroing both whole UBs (2 x 248 KiB) was the largest fixed cost of a small mixed launch: ~5-8 us per
+    logical core and phase, every core of the grid, idle or not."""
+    flags[:] = 0
+    set_lines[:] = 0
+    ub_bytes = ub.shape[1]
+    for aiv in range(2):
+        lo = info[INFO_UB_RANGE + 2 * aiv]
+        hi = info[INFO_UB_RANGE + 2 * aiv + 1]
+        if lo < hi:
+            ub[aiv, lo:hi] = 0
+    info[:] = 0
+    for aiv in range(2):
+        info[INFO_UB_RANGE + 2 * aiv] = ub_bytes
 
 
 @njit(cache=True)
@@ -169,10 +194,11 @@ def _address_as_ptr(typingctx, address, dtype):
 
 
 @njit(cache=True)
-def ub_tensor(ub, aiv, byte_offset, rows, cols, dtype):
+def ub_tensor(ub, info, aiv, byte_offset, rows, cols, dtype):
     """UBTensor<T>(aiv, byte_offset, rows, cols): a [rows, cols] view of type T of the UB of AIV ``aiv`` (0 or 1)
     from ``byte_offset`` (a multiple of 32). Both sub-cores of a hand-off address the same bytes: the AIC's FixPipe
-    writes what the AIV reads. Raises ValueError when the tensor leaves the UB or is misaligned."""
+    writes what the AIV reads. Raises ValueError when the tensor leaves the UB or is misaligned. Widens the UB's
+    addressed range in ``info`` (what reset_cross_state zeroes for the next core)."""
     itemsize = _itemsize(dtype)
     nbytes = rows * cols * itemsize
     if aiv < 0 or aiv > 1:
@@ -182,6 +208,12 @@ def ub_tensor(ub, aiv, byte_offset, rows, cols, dtype):
     if byte_offset + nbytes > ub.shape[1]:
         raise ValueError("UBTensor: the tensor exceeds the Unified Buffer (offset, bytes, UB bytes)", byte_offset,
                          nbytes, ub.shape[1])
+    if nbytes > 0:
+        slot = INFO_UB_RANGE + 2 * aiv
+        if byte_offset < info[slot]:
+            info[slot] = byte_offset
+        if byte_offset + nbytes > info[slot + 1]:
+            info[slot + 1] = byte_offset + nbytes
     # NOTES: a borrowed view (no reference count): the UB outlives every sub-core generator that addresses it (the
     # launch loop owns it), and views without a count make the AIVs' many short instructions cheap (numba counts
     # every array view atomically: tens of ns per view on the vector hot path).

@@ -86,7 +86,7 @@ class HcPrenormConfig:
     block_n: int
     num_splits: int  # K splits the kernel computes (the caller's, or its own when the caller gave none)
     reduce_splits: bool  # sum the splits into D in split order (kernel-side split with more than one split)
-    num_ai_cores: int
+    num_ai_cores: int  # the launch grid: the target's cores, fewer when there are fewer units (get_hc_prenorm_config)
     cores_per_split: int = 1  # cores sharing one split's token blocks
     num_l0c_stages: int = 16  # token blocks (fp32 accumulators) resident in L0C per unit
     keep_l0b: bool = True  # the hidden block's four 64-K slices of B stay in L0B for every token block
@@ -196,8 +196,13 @@ def get_hc_prenorm_config(desc: HcPrenormDesc, arch: ArchSpec) -> HcPrenormConfi
     token_blocks = -(-desc.m // BLOCK_M)
     cps = max(1, min(cores // splits, token_blocks))
     keep_l0b = BLOCK_K // MAD_K * block_n * MAD_K * 4 <= arch.l0b_bytes
+    # NOTES: a launch grid of no more cores than there are units (decode: 16 splits of one token block on 32 cores).
+    # The chip model is unchanged (a core without a unit is neither active nor the busiest; the stand-in's reduction
+    # phase is not modelled), and so are the bits (each unit's work and the split order of the sum do not depend on
+    # the grid); the stand-in no longer sets up sub-cores that have nothing to do, twice (both phases).
+    units = -(-token_blocks // (cps * stages)) * splits * cps
     return HcPrenormConfig(block_m=BLOCK_M, block_n=block_n, num_splits=splits,
-                           reduce_splits=desc.num_splits == 0 and splits > 1, num_ai_cores=cores,
+                           reduce_splits=desc.num_splits == 0 and splits > 1, num_ai_cores=max(1, min(cores, units)),
                            cores_per_split=cps, num_l0c_stages=stages, keep_l0b=keep_l0b)
 
 

@@ -56,7 +56,7 @@ class _Counting:
                     self.add("half_tiles")
             return op
 
-        def ub_tensor(ub, aiv, offset, rows, cols, dtype):
+        def ub_tensor(ub, info, aiv, offset, rows, cols, dtype):
             return np.zeros((rows, cols), dtype)
 
         def noop(*args):

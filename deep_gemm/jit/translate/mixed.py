@@ -193,7 +193,7 @@ class MixedKernels:
             raise self.error(node, "UBTensor needs a scalar element type")
         self.used_runtime.add("ub_tensor")
         codes = ", ".join(strip_parens(a.code) for a in args)
-        return Expr(f"ub_tensor(_dg_ub, {codes}, np.{elem.np})", CType("array", elem.np, 2))
+        return Expr(f"ub_tensor(_dg_ub, _dg_xinfo, {codes}, np.{elem.np})", CType("array", elem.np, 2))
 
     def call_sync_all(self, node: Node, template_args) -> Expr:
         raise self.error(node, "SyncAll() may stand only at the top level of the kernel entry body (the stand-in "
@@ -356,10 +356,9 @@ class MixedKernels:
         self.indent += 1
         self.emit("# The AIC and the two AIVs of this core: generators resumed round-robin until all finish. The",
                   None)
-        self.emit("# cross-core state (flags, UB) comes from the launch loop, zeroed here: each core starts afresh",
+        self.emit("# cross-core state (flags, UB) comes from the launch loop, reset here: each core starts afresh",
                   None)
-        for name in CROSS.split(", "):
-            self.emit(f"{name}[:] = 0", node)
+        self.emit(f"reset_cross_state({CROSS})", node)
         for s in range(3):
             self.emit(f"_dg_pe{s}, _dg_chk{s} = new_check_state()", node)
         # NOTES: the generators get borrowed views of every array (crosscore.borrow: numba never releases what a
@@ -399,7 +398,7 @@ class MixedKernels:
         self.emit("raise KernelDeadlockError(_DG_KERNEL, _block_idx, _dg_who, _dg_xinfo[1 + 2 * _dg_who], "
                   "_dg_xinfo[2 + 2 * _dg_who], _dg_waiting, _DG_MODULE)", node)
         self.indent -= 2
-        self.used_runtime.update({"new_cross_state", "KernelDeadlockError", "borrow"})
+        self.used_runtime.update({"new_cross_state", "reset_cross_state", "KernelDeadlockError", "borrow"})
         self.used_check.add("new_check_state")
         if self.sync_check:
             self.emit("_dg_chk = np.zeros(_dg_chk0.size, np.int64)", node)
