@@ -140,6 +140,11 @@ DG_CUBE_DPBF16 = _declare(
     "fp32 accumulation) when both operands are exact in bf16 and the CPU and LLVM offer AVX512-BF16 (0: the fp32 "
     "FMA micro-kernel)",
 )
+DG_MEGA_MOE_FUSED = _declare(
+    "DG_MEGA_MOE_FUSED", bool, True,
+    "Run fp8_fp4_mega_moe as the fused mixed kernel (templates/mega_moe.asc.j2, one launch per rank; 0: the host "
+    "pipeline of kernels/mega_moe.py's phases around the M-grouped GEMM kernels, the same bits)",
+)
 DG_SYNC_CHECK = _declare(
     "DG_SYNC_CHECK", bool, False,
     "Synchronisation checker: kernels record every SetFlag/WaitFlag/PipeBarrier and cross-core flag and raise "

@@ -297,9 +297,9 @@ def rebalance_scales(sfa: np.ndarray, sfb: np.ndarray, k: int, kind_a: str, kind
                      max_shift: int) -> tuple[np.ndarray, np.ndarray, int, bool]:
     """utils.layout.rebalance_sf_exponents for the Cube the call will run on: (sfa, sfb, out_shift, l0_bf16).
 
-    Where the kernel would keep the operands in bf16 L0 (the AMX or AVX512-BF16 Cube: both read subnormal bf16 as zero), the
-    split must also keep every scaled operand value normal; when no split can (scales near 2^-127), the call runs
-    on the fp32 FMA Cube instead (l0_bf16 False), exact with subnormals. Raises the ValueError of
+    Where the kernel would keep the operands in bf16 L0 (the AMX or AVX512-BF16 Cube: both read subnormal bf16 as
+    zero), the split must also keep every scaled operand value normal; when no split can (scales near 2^-127), the
+    call runs on the fp32 FMA Cube instead (l0_bf16 False), exact with subnormals. Raises the ValueError of
     rebalance_sf_exponents when no exact split exists at all."""
     from ..kernels.common import cube_l0_bf16
     from ..utils.layout import SubnormalOperandsError, rebalance_sf_exponents

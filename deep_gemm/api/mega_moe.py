@@ -1,14 +1,15 @@
 """Mega MoE with DeepGEMM-Ascend 0.1.0's names, argument order and checks: ``SymmBuffer``,
 ``get_symm_buffer_size_for_mega_moe``, ``transform_weights_for_mega_moe``, ``fp8_fp4_mega_moe`` (one call per rank of
 an expert-parallel group: dispatch, L1 GEMM, SwiGLU-quant, L2 GEMM, combine) and ``aclnn_fp8_fp4_mega_moe``, its
-float64 reference. Checks and orchestration here; the phases are kernels/mega_moe.py's, the GEMMs the Cube kernels'.
+float64 reference. Checks, the shared experts of the fused path and the host pipeline's orchestration here; the fused
+kernel and the host pipeline's phases are kernels/mega_moe.py's, the host pipeline's GEMMs the Cube kernels'.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import runtime
+from .. import envs, runtime
 from ..heuristics.mega_moe import (
     BLOCK_N,
     MX_SF_DIVISOR,
@@ -322,6 +323,56 @@ def _dense(a, sfa, b, sfb):
     return out
 
 
+def fused_enabled() -> bool:
+    """Whether fp8_fp4_mega_moe runs as the fused kernel (templates/mega_moe.asc.j2, one mixed launch per rank) or
+    as the host pipeline of kernels/mega_moe.py's phases around the M-grouped GEMM kernels: DG_MEGA_MOE_FUSED
+    (read per call)."""
+    return envs.DG_MEGA_MOE_FUSED.get()
+
+
+def _shared_experts(v, d, n, shared_l1_weights, shared_l2_weights, clamp) -> None:
+    """The shared experts on this rank's own tokens, into combine slot K (two FP8 x FP8 GEMM launches)."""
+    i = d.intermediate_hidden
+    ws1, sfs1 = _untransform(*shared_l1_weights, False)
+    ws2, sfs2 = _untransform(*shared_l2_weights, False)
+    h = _dense(v.x[:n].view(FP8_DTYPE), v.x_sf[:n], ws1, sfs1)
+    codes, sf = k_mm.swiglu_quant(h.view(np.uint16), np.ones(n, np.float32), clamp, interleaved=True)
+    si = d.num_shared_experts * i
+    v.shared_l2_acts[:n, :si] = codes.view(np.uint8)
+    s_sf = v.shared_l2_acts_sf[:n * si // MX_SF_DIVISOR].reshape(n, si // MX_SF_DIVISOR)
+    s_sf[...] = sf
+    out = _dense(v.shared_l2_acts[:n, :si].view(FP8_DTYPE), s_sf, ws2, sfs2)
+    v.combine_input[d.num_topk, :n] = out.view(np.uint16)
+
+
+def _fused_weights(weights) -> tuple[np.ndarray, np.ndarray]:
+    """Transformed routed weights -> the fused kernel's (flat packed FP4 codes, flat scales [E/R, K/64, N])."""
+    w, sf = weights
+    _, sfb = _untransform(w, sf, True)  # [E, N, K/64], a transposed view of the contiguous [E, K/64, N]
+    return w.reshape(-1).view(np.uint8), np.ascontiguousarray(sfb.transpose(0, 2, 1)).reshape(-1)
+
+
+def _fused_call(y, l1_weights, l2_weights, sym_buffer, shared_l1_weights, shared_l2_weights, stats, d, n,
+                clamp) -> None:
+    """The fused path: the shared experts (if any) on the host's GEMM kernels into combine slot K, then one launch
+    of the mega_moe kernel (dispatch, both barriers, pull, L1, SwiGLU-quant, L2, push, combine)."""
+    if getattr(sym_buffer, "_out_of_step", False):
+        raise RuntimeError("sym_buffer's rank barriers are out of step after a timed-out call: make a new SymmBuffer")
+    protect(y, stats, work=2.0 * n * (d.num_topk + d.num_shared_experts) * 3 * d.hidden * d.intermediate_hidden)
+    v = sym_buffer._views
+    w1, w2 = _fused_weights(l1_weights), _fused_weights(l2_weights)
+    if d.num_shared_experts and n:
+        _shared_experts(v, d, n, shared_l1_weights, shared_l2_weights, clamp)
+    ws = getattr(sym_buffer, "_fused_ws", None)
+    if ws is None:
+        ws = sym_buffer._fused_ws = k_mm.FusedWorkspace.of(d, runtime.get_num_ai_cores())
+    try:
+        k_mm.launch_fused(sym_buffer.symmetric.all, sym_buffer.rank, d, ws, w1, w2, y, n, clamp, stats)
+    except k_mm.MegaMoeBarrierTimeout:
+        sym_buffer._out_of_step = True
+        raise
+
+
 @api_call
 def fp8_fp4_mega_moe(y, l1_weights, l2_weights, sym_buffer, shared_l1_weights=None, shared_l2_weights=None,
                      cumulative_local_expert_recv_stats=None, recipe=(1, 1, 32), activation="swiglu",
@@ -335,11 +386,18 @@ def fp8_fp4_mega_moe(y, l1_weights, l2_weights, sym_buffer, shared_l1_weights=No
     order of L2(SwiGLU(L1 x) * weight), then the shared experts', rounded once; the SwiGLU output is requantised to
     FP8 (UE8M0 per 32) as the kernel does; ``activation_clamp`` (rounded to bf16) clamps gate from above and up on
     both sides. ``cumulative_local_expert_recv_stats`` (int32 [E/R]) += the routes each local expert received.
-    Needs get_num_ai_cores() == 32 (the chip kernel's core count).
+    Needs get_num_ai_cores() == 32 (the chip kernel's core count). Runs as the fused kernel (templates/mega_moe.asc.j2:
+    one mixed launch, plus two shared-expert GEMM launches when num_shared_experts > 0) unless DG_MEGA_MOE_FUSED=0
+    picks the host pipeline (same bits; docs/mega_moe.md). A rank barrier of the fused kernel that waits longer than
+    kernels.mega_moe.set_barrier_timeout() (300 s) raises MegaMoeBarrierTimeout.
     """
     # Checks (nothing written before they pass; every rank checks its own arguments)
     d, n, clamp = _check_call(y, l1_weights, l2_weights, sym_buffer, shared_l1_weights, shared_l2_weights,
                               cumulative_local_expert_recv_stats, recipe, activation, activation_clamp, fast_math)
+    if fused_enabled():
+        _fused_call(y, l1_weights, l2_weights, sym_buffer, shared_l1_weights, shared_l2_weights,
+                    cumulative_local_expert_recv_stats, d, n, clamp)
+        return
     v = sym_buffer._views
     w1, sf1 = _untransform(*l1_weights, True)
     w2, sf2 = _untransform(*l2_weights, True)

@@ -1,6 +1,11 @@
-"""Mega MoE on one rank of a simulated expert-parallel group: the rank's typed views of every rank's symmetric buffer
-and the communication and vector phases of the kernel, on the workspace layout of heuristics/mega_moe.py. Inputs
-arrive validated (api/mega_moe.py), which also runs the GEMM phases on the Cube kernels.
+"""Mega MoE on one rank of a simulated expert-parallel group, two ways with the same bits (docs/mega_moe.md):
+
+- the fused kernel (family MEGA_MOE, templates/mega_moe.asc.j2, ``launch_fused``): every phase below in one mixed
+  Cube + Vector launch, the GEMMs on the AIC, the rank barriers through flags in the symmetric buffer;
+- the host pipeline: the phases below in numpy, on the rank's typed views of every rank's symmetric buffer, with
+  api/mega_moe.py running the GEMM phases on the M-grouped Cube kernels in between.
+
+Both use the workspace layout of heuristics/mega_moe.py; inputs arrive validated (api/mega_moe.py).
 
 Phases, in the Ascend kernel's order (each rank runs them on its own process; a store into ``views.all_*[r]`` is
 the UB remote store into rank r's buffer; each cell of the remote regions has one writer, so no atomics):
@@ -25,6 +30,7 @@ import numpy as np
 
 from ..heuristics.mega_moe import BLOCK_M, MX_SF_DIVISOR, MegaMoeDesc, workspace_layout
 from ..utils.formats import FP8_DTYPE, bf16_bits_to_fp32, fp32_to_bf16_bits
+from .family import KernelFamily
 
 # The arrival bit of a published count (upstream's kCountArrivalBit): a received cell without it was never written.
 ARRIVAL_BIT = 1 << 24
@@ -233,3 +239,154 @@ def combine_reduce(v: RankViews, num_tokens: int, has_shared: bool) -> np.ndarra
     if has_shared:
         acc += bf16_bits_to_fp32(v.combine_input[k, :num_tokens])
     return fp32_to_bf16_bits(acc)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fused kernel (templates/mega_moe.asc.j2): every phase above in one mixed launch per rank
+# ---------------------------------------------------------------------------------------------------------------
+# NOTES: a rank barrier that waits longer than this raises (MegaMoeBarrierTimeout) instead of hanging; every rank
+# of a group must call within it. set_barrier_timeout() changes it (tests shorten it).
+_barrier_timeout_s = 300.0
+# Fused launches of this process (tests check the fused path really ran).
+FUSED_LAUNCHES = 0
+KERNEL_NAME = "mega_moe"
+
+
+class MegaMoeBarrierTimeout(RuntimeError):
+    """A rank barrier of the fused kernel timed out: some rank of the group did not call (or not in step)."""
+
+
+def set_barrier_timeout(seconds: float) -> float:
+    """Set the fused kernel's rank-barrier timeout (seconds, > 0); returns the previous value."""
+    global _barrier_timeout_s
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ValueError(f"seconds={seconds!r} must be a positive number")
+    previous, _barrier_timeout_s = _barrier_timeout_s, float(seconds)
+    return previous
+
+
+@dataclass(frozen=True)
+class FusedDesc:
+    """What the fused kernel is specialized on: the GEMMs' widths (hidden, intermediate_hidden) and the core count;
+    ranks, experts, top-k, tokens and the buffer's layout are runtime arguments (one build serves them all)."""
+
+    hidden: int
+    intermediate_hidden: int
+    num_ai_cores: int
+
+    def gemm_descs(self):
+        from ..heuristics.config import GemmDesc
+
+        common = dict(a_dtype="fp8", b_dtype="fp4", out_dtype="bf16", gemm_type="m_grouped_contiguous",
+                      num_groups=1, num_ai_cores=self.num_ai_cores)
+        h, i = self.hidden, self.intermediate_hidden
+        return GemmDesc(m=BLOCK_M, n=2 * i, k=h, **common), GemmDesc(m=BLOCK_M, n=h, k=i, **common)
+
+
+def _select_fused_config(desc: FusedDesc, arch):
+    """The chip kernel's fixed tiling (heuristics.mega_moe.MEGA_MOE_CONFIG), not a per-shape choice; the Cube's
+    results do not depend on it (device.mmad: one fp32 FMA chain along K per element)."""
+    from dataclasses import replace
+
+    from ..heuristics.mega_moe import MEGA_MOE_CONFIG
+
+    return replace(MEGA_MOE_CONFIG, num_ai_cores=desc.num_ai_cores)
+
+
+def _fused_constants(desc: FusedDesc, config, arch, *, cube_l0_bf16: bool) -> dict:
+    from ..heuristics.capacity import check_buffer_capacity
+    from .common import gemm_template_constants
+
+    l1, l2 = desc.gemm_descs()
+    constants = gemm_template_constants(l1, config, arch, compiled_dims="", cube_l0_bf16=cube_l0_bf16)
+    check_buffer_capacity(l2, config, arch, resident_a=bool(constants["RESIDENT_A"]))
+    constants.update(H=desc.hidden, I=desc.intermediate_hidden)
+    return constants
+
+
+# The kernel family (templates/mega_moe.asc.j2); its intrinsics come from deep_gemm.device.remote.
+MEGA_MOE = KernelFamily(KERNEL_NAME, select_config=_select_fused_config, template_constants=_fused_constants,
+                        device_module="deep_gemm.device.remote")
+
+
+def prepare_fused(hidden: int, intermediate_hidden: int):
+    """The prepared fused kernel for these GEMM widths on the current runtime target."""
+    from .. import envs
+    from .common import cube_l0_bf16, current_target
+
+    num_ai_cores, arch = current_target()
+    l0_bf16 = cube_l0_bf16("fp8", "fp4")
+    desc = FusedDesc(int(hidden), int(intermediate_hidden), num_ai_cores)
+    key = (desc, arch.name, envs.DG_SYNC_CHECK.get(), l0_bf16)
+    prepared = MEGA_MOE.lookup(key)
+    if prepared is None:
+        prepared = MEGA_MOE.prepare(desc, arch=arch, options={"cube_l0_bf16": l0_bf16}, memo_key=key)
+    return prepared
+
+
+@dataclass
+class FusedWorkspace:
+    """One rank's private scratch of the fused kernel (pool metadata, the GEMMs' operands and outputs)."""
+
+    pool_src: np.ndarray
+    pool_tt: np.ndarray
+    pool_w: np.ndarray
+    group_start: np.ndarray
+    group_rows: np.ndarray
+    a1: np.ndarray
+    sfa1: np.ndarray
+    h: np.ndarray
+    scratch: np.ndarray
+    a2: np.ndarray
+    sfa2: np.ndarray
+    o: np.ndarray
+    status: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def of(cls, d: MegaMoeDesc, num_ai_cores: int) -> FusedWorkspace:
+        p, h, i, local = d.num_max_m_blocks * BLOCK_M, d.hidden, d.intermediate_hidden, d.num_local_experts
+        return cls(np.zeros(p, np.int32), np.zeros(p, np.int32), np.zeros(p, np.float32), np.zeros(local, np.int32),
+                   np.zeros(local, np.int32), np.zeros(p * h, np.uint8), np.zeros(h // MX_SF_DIVISOR * p, np.int16),
+                   np.zeros(p * 2 * i, np.uint16), np.zeros(num_ai_cores * 2 * 4 * i, np.float32),
+                   np.zeros(p * i, np.uint8), np.zeros(i // MX_SF_DIVISOR * p, np.int16),
+                   np.zeros(p * h, np.uint16), np.zeros(8, np.int64), np.zeros(d.num_experts, np.int64))
+
+
+def launch_fused(all_bytes: np.ndarray, rank: int, moe: MegaMoeDesc, ws: FusedWorkspace, w1: tuple, w2: tuple,
+                 y: np.ndarray, num_tokens: int, clamp: float, stats: np.ndarray | None) -> None:
+    """One fused launch on this rank. ``all_bytes``: the symmetric buffer, uint8 [R, row bytes] (C-contiguous);
+    ``w1`` / ``w2``: (packed FP4 codes uint8 flat [E/R * N * K/2], scales int16 flat [E/R, K/64, N] required
+    layout) of L1 / L2; y: bf16 [num_tokens, H]. Raises MegaMoeBarrierTimeout (or RuntimeError for counts out of
+    step) from the kernel's status."""
+    global FUSED_LAUNCHES
+    prepared = prepare_fused(moe.hidden, moe.intermediate_hidden)
+    fields, _ = workspace_layout(moe)
+    flat = all_bytes.reshape(-1)
+    ws.status[:] = 0
+    stats_arg = stats.reshape(-1) if stats is not None else np.zeros(moe.num_local_experts, np.int32)
+    prepared.launch(
+        gm_all_i64=flat.view(np.int64), gm_all_i32=flat.view(np.int32), gm_all_i16=flat.view(np.int16),
+        gm_all_u8=flat, gm_all_u16=flat.view(np.uint16), gm_b1=w1[0], gm_sfb1=w1[1], gm_b2=w2[0], gm_sfb2=w2[1],
+        gm_pool_src=ws.pool_src, gm_pool_tt=ws.pool_tt, gm_pool_w=ws.pool_w, gm_group_start=ws.group_start,
+        gm_group_rows=ws.group_rows, gm_a1=ws.a1, gm_sfa1=ws.sfa1, gm_h=ws.h, gm_scratch=ws.scratch, gm_a2=ws.a2,
+        gm_sfa2=ws.sfa2, gm_sfa2_bits=ws.sfa2.view(np.uint16), gm_o=ws.o, gm_y=y.reshape(-1).view(np.uint16),
+        gm_stats=stats_arg, gm_status=ws.status, my_rank=int(rank), num_tokens=int(num_tokens),
+        clamp=float(clamp), barrier_timeout_ns=int(_barrier_timeout_s * 1e9), has_stats=int(stats is not None),
+        gm_counts=ws.counts, num_ranks=moe.num_ranks, e_local=moe.num_local_experts, num_topk=moe.num_topk,
+        t_max=moe.num_max_tokens_per_rank, has_shared=int(moe.num_shared_experts > 0),
+        pool_rows=moe.num_max_m_blocks * BLOCK_M, rank_bytes=all_bytes.shape[1],
+        off_sync=fields["sync"].offset, off_recv=fields["expert_recv_count"].offset,
+        off_meta=fields["src_token_metadata"].offset, off_x=fields["x"].offset, off_xsf=fields["x_sf"].offset,
+        off_idx=fields["topk_idx"].offset, off_w=fields["topk_weights"].offset,
+        off_comb=fields["combine_input"].offset)
+    FUSED_LAUNCHES += 1
+    status, detail, which = (int(v) for v in ws.status[:3])
+    if status == 1:
+        raise MegaMoeBarrierTimeout(
+            f"mega MoE (fused kernel): rank {rank}'s rank barrier {which} of 2 timed out after "
+            f"{_barrier_timeout_s:g} s waiting for rank {detail}: every rank of the group must call "
+            f"fp8_fp4_mega_moe together; the symmetric buffer is out of step now (make a new SymmBuffer)")
+    if status == 2:
+        raise RuntimeError(f"mega MoE (fused kernel): rank {rank} has no count from source rank {detail}: the ranks' "
+                           f"calls are out of step")

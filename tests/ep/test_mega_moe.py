@@ -1,4 +1,5 @@
-"""fp8_fp4_mega_moe on simulated ranks (deep_gemm.testing.spawn): bitwise equal to the unfused baseline (DeepEP
+"""fp8_fp4_mega_moe on simulated ranks (deep_gemm.testing.spawn), by default the fused kernel (one launch per rank and
+call; DG_MEGA_MOE_FUSED=0 runs the host pipeline instead): bitwise equal to the unfused baseline (DeepEP
 expanded dispatch, M-grouped FP8 x FP4 GEMM, SwiGLU + weight + FP8 cast, M-grouped GEMM, single-reduction combine)
 and within tolerance of the float64 reference; the cumulative statistics; the ring waves; upstream's checks, each
 refused before anything is written; the views and the buffer size; transform_weights_for_mega_moe's layout."""
@@ -35,13 +36,25 @@ def compiled():
     check_rank(0, 1, dict(E=8, T=16, K=2, H=512, I=512, S=1))
 
 
+def _check_rank_counted(local_rank: int, num_ranks: int, config: dict) -> dict:
+    """check_rank, plus how many fused-kernel launches the rank made (two calls: 2 on the fused path, else 0)."""
+    from deep_gemm.kernels import mega_moe as k_mm
+
+    out = check_rank(local_rank, num_ranks, config)
+    out["fused_launches"] = k_mm.FUSED_LAUNCHES
+    return out
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_fused_equals_baseline_on_ranks(name, compiled):
+    from deep_gemm.api.mega_moe import fused_enabled
+
     num_ranks, config = CASES[name]
-    results = spawn(check_rank, num_ranks, config, timeout=600)
+    results = spawn(_check_rank_counted, num_ranks, config, timeout=600)
     local = config["E"] // num_ranks
     for rank, r in enumerate(results):
         assert r["bitwise"] == [True, True], (name, rank)
+        assert r["fused_launches"] == (2 if fused_enabled() else 0), (name, rank)
         assert all(d < TOLERANCE for d in r["diff"]), (name, rank, r["diff"])
         assert r["finite"]
         assert np.array_equal(r["stats"], sum(r["recv"])), (name, rank)  # two calls accumulated
@@ -128,9 +141,11 @@ def test_transformed_weights_layout(one_rank):
 
 
 def test_ring_waves_and_torch(one_rank, monkeypatch):
-    """Rings of one 256-row block: the routes run in several waves, bitwise as in one; y as a CPU torch tensor."""
+    """Rings of one 256-row block: the host pipeline's routes run in several waves, bitwise as in one; the fused
+    kernel on that other buffer layout (its field offsets are runtime arguments) with y as a CPU torch tensor."""
     case, _, l1, l2, s1, s2 = one_rank
     monkeypatch.setattr(MegaMoeDesc, "num_ring_blocks", property(lambda self: 1))
+    monkeypatch.setenv("DG_MEGA_MOE_FUSED", "0")
     sym = deep_gemm.SymmBuffer(None, E, T, K, H, I, S)
     sym.x[:T], sym.x_sf[:T], sym.topk_idx[:T], sym.topk_weights[:T] = (
         case.x, case.x_sf, case.topk_idx, case.topk_weights)
@@ -140,6 +155,7 @@ def test_ring_waves_and_torch(one_rank, monkeypatch):
     yb, _ = baseline_moe(None, case, E, T)
     assert np.array_equal(y.view(np.uint16), yb.view(np.uint16))
     torch = pytest.importorskip("torch")
+    monkeypatch.setenv("DG_MEGA_MOE_FUSED", "1")
     yt = torch.empty((T, H), dtype=torch.bfloat16)
     deep_gemm.fp8_fp4_mega_moe(yt, l1, l2, sym, s1, s2)
     assert np.array_equal(yt.view(torch.int16).numpy().view(np.uint16), y.view(np.uint16))

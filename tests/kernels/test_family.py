@@ -19,6 +19,7 @@ from deep_gemm.kernels.family import FAMILIES, KernelFamily
 from deep_gemm.kernels.flash_mla import FLASH_MLA_DECODE, FLASH_MLA_PREFILL  # noqa: F401 (registers the families)
 from deep_gemm.kernels.fp8_gemm import FP8_GEMM
 from deep_gemm.kernels.hc_prenorm import TF32_HC_PRENORM_GEMM
+from deep_gemm.kernels.mega_moe import MEGA_MOE  # noqa: F401 (registers the family)
 from deep_gemm.kernels.mqa_logits import MQA_LOGITS, PAGED_MQA_LOGITS
 from deep_gemm.kernels.topk import TOPK  # noqa: F401 (registers the family)
 
