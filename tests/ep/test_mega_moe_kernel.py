@@ -46,7 +46,7 @@ def test_host_pipeline_still_bitwise(monkeypatch):
 
 
 def test_switch_refuses_bad_value(monkeypatch):
-    monkeypatch.setenv("DG_MEGA_MOE_FUSED", "yes")
+    monkeypatch.setenv("DG_MEGA_MOE_FUSED", "maybe")  # (envs.py: 1/0, true/false, yes/no, on/off)
     with pytest.raises(ValueError, match="DG_MEGA_MOE_FUSED"):
         api_mm.fused_enabled()
     with pytest.raises(ValueError, match="seconds"):
