@@ -427,16 +427,7 @@ def fp8_fp4_mega_moe(y, l1_weights, l2_weights, sym_buffer, shared_l1_weights=No
 
     # Shared experts on this rank's own tokens, into combine slot K
     if d.num_shared_experts and n:
-        ws1, sfs1 = _untransform(*shared_l1_weights, False)
-        ws2, sfs2 = _untransform(*shared_l2_weights, False)
-        h = _dense(v.x[:n].view(FP8_DTYPE), v.x_sf[:n], ws1, sfs1)
-        codes, sf = k_mm.swiglu_quant(h.view(np.uint16), np.ones(n, np.float32), clamp, interleaved=True)
-        si = d.num_shared_experts * i
-        v.shared_l2_acts[:n, :si] = codes.view(np.uint8)
-        s_sf = v.shared_l2_acts_sf[:n * si // MX_SF_DIVISOR].reshape(n, si // MX_SF_DIVISOR)
-        s_sf[...] = sf
-        out = _dense(v.shared_l2_acts[:n, :si].view(FP8_DTYPE), s_sf, ws2, sfs2)
-        v.combine_input[d.num_topk, :n] = out.view(np.uint16)
+        _shared_experts(v, d, n, shared_l1_weights, shared_l2_weights, clamp)
 
     # Combine: every rank's rows are in; the ordered reduce, then the statistics
     sym_buffer.barrier()
