@@ -368,8 +368,11 @@ class MixedKernels:
         for name in sorted(arrays):
             self.emit(f"_dg_b{name} = borrow({name})", node)
         lent = lambda names: [f"_dg_b{n}" if n in arrays else n for n in names]  # noqa: E731
+        # NOTES: the sub-core index goes in as a plain int64 (np.int64(s)), not a literal: numba compiles a function
+        # once per literal argument, so literal 0, 1, 2 compiled the sub-core generator (the bulk of a mixed kernel)
+        # three times; one compile serves all three, ASCENDISAIC / ASCENDISAIV becoming runtime tests of _dg_sub.
         for s in range(3):
-            names = ['_block_idx', str(s), *CROSS.split(", "), f'_dg_pe{s}', f'_dg_chk{s}', *params]
+            names = ['_block_idx', f'np.int64({s})', *CROSS.split(", "), f'_dg_pe{s}', f'_dg_chk{s}', *params]
             self.emit(f"_dg_g{s} = _{sig.name}_subcore{suffix}({', '.join(lent(names))})", node)
         self.emit("_dg_live0 = True", node)
         self.emit("_dg_live1 = True", node)
