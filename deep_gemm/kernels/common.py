@@ -160,11 +160,23 @@ def cube_l0_bf16(*operand_dtypes: str) -> str:
     it (which asks the OS for the tile state first, so a kernel rendered for AMX never runs in a process without
     that permission); "" (false) when some operand is not exact in bf16 or no bf16 unit is enabled (fp32 L0, the
     FMA Cube). The unit is a template constant (CUBE_L0_BF16), so it is part of every kernel's key and source."""
+    for dtype in operand_dtypes:
+        if dtype not in BF16_EXACT_DTYPES:
+            return ""
+    return (_cube_bf16_unit or _bind_cube_bf16_unit())()
+
+
+# NOTES: jit.cpu_features is imported on the first call, not with this module (importing deep_gemm.jit costs tens of
+# ms), and then kept here: an import statement per call would cost about a microsecond of every GEMM's dispatch.
+_cube_bf16_unit = None
+
+
+def _bind_cube_bf16_unit():
+    global _cube_bf16_unit
     from ..jit.cpu_features import cube_bf16_unit
 
-    if not all(d in BF16_EXACT_DTYPES for d in operand_dtypes):
-        return ""
-    return cube_bf16_unit()
+    _cube_bf16_unit = cube_bf16_unit
+    return cube_bf16_unit
 
 
 def _select_config(desc: GemmDesc, arch: ArchSpec) -> GemmConfig:
