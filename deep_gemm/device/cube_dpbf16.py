@@ -215,7 +215,12 @@ def _mmad_dpbf16_core(pc, ldc, csc, pa, pb, mad_m, mad_n, mad_k, init):
     (two B panels) outermost, row tiles inside. A column-strided L0C goes through a scratch block, so no element
     of L0C outside mad_m x mad_n is read or written."""
     kp = _round_up(mad_k, AMX_K)
-    scratch = np.empty((MR, DP_COLS), dtype=np.float32)
+    # NOTES: one call of the micro-kernel dispatch (its 8 row variants are most of this function's code: a second
+    # call site, for the scratch block, would double what numba optimizes and LLVM emits here and in every caller);
+    # the block's C pointer and row stride pick L0C itself or the scratch block. The scratch block is made only for
+    # a column-strided L0C (not a layout the kernels use).
+    strided = csc != 1
+    scratch = np.empty((MR if strided else 1, DP_COLS), dtype=np.float32)
     psc = _data_ptr(scratch)
     for kc0 in range(0, kp, DP_KC):
         npairs = min(DP_KC, kp - kc0) // 2
@@ -227,14 +232,15 @@ def _mmad_dpbf16_core(pc, ldc, csc, pa, pb, mad_m, mad_n, mad_k, init):
             while i0 < mad_m:
                 mr = _row_tile(i0, mad_m)
                 pa_i = _ptr_add(pa, i0 * kp + kc0)
-                if csc == 1:
-                    _dp_kernel(mr, npairs, pa_i, kp, pb_j, kp * AMX_T, _ptr_add(pc, i0 * ldc + j0), ldc, cols, first)
-                else:
+                pc_blk, ld_blk = _ptr_add(pc, i0 * ldc + j0), ldc
+                if strided:
+                    pc_blk, ld_blk = psc, DP_COLS
                     if not first:
                         for i in range(mr):
                             for j in range(cols):
                                 scratch[i, j] = pc[(i0 + i) * ldc + (j0 + j) * csc]
-                    _dp_kernel(mr, npairs, pa_i, kp, pb_j, kp * AMX_T, psc, DP_COLS, cols, first)
+                _dp_kernel(mr, npairs, pa_i, kp, pb_j, kp * AMX_T, pc_blk, ld_blk, cols, first)
+                if strided:
                     for i in range(mr):
                         for j in range(cols):
                             pc[(i0 + i) * ldc + (j0 + j) * csc] = scratch[i, j]
