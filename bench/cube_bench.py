@@ -14,6 +14,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 from numba import njit, prange
@@ -126,14 +127,14 @@ def run(tiles: list[tuple[int, int, int]], rounds: int) -> None:
             reps = max(4, int(1e8 / flop_tile))
             flop = flop_tile * reps * cores
             fns = {
-                "mmad": lambda: _mmad_only(l0c, l0a, l0b, mad_m, mad_n, mad_k, reps),
-                "pack": lambda: _pack_mmad(l0c, l0a, l0b, l1a, l1b, sfa, sfb, mad_m, mad_n, mad_k, reps, False),
-                "pack_sf": lambda: _pack_mmad(l0c, l0a, l0b, l1a, l1b, sfa, sfb, mad_m, mad_n, mad_k, reps, True),
+                "mmad": partial(_mmad_only, l0c, l0a, l0b, mad_m, mad_n, mad_k, reps),
+                "pack": partial(_pack_mmad, l0c, l0a, l0b, l1a, l1b, sfa, sfb, mad_m, mad_n, mad_k, reps, False),
+                "pack_sf": partial(_pack_mmad, l0c, l0a, l0b, l1a, l1b, sfa, sfb, mad_m, mad_n, mad_k, reps, True),
             }
             flops = dict.fromkeys(fns, flop)
             if threads == 1 and set_blas_threads is not None:
                 ta, tb = l1a[0, :, :mad_k].copy(), l1b[0, :, :mad_k].copy()
-                fns["numpy"] = lambda: [ta @ tb.T for _ in range(reps)]
+                fns["numpy"] = partial(_numpy_tiles, ta, tb, reps)
                 flops["numpy"] = flop_tile * reps
                 set_blas_threads(1)
             wall, cpu = _round_robin(fns, flops, rounds, threads)
@@ -142,6 +143,12 @@ def run(tiles: list[tuple[int, int, int]], rounds: int) -> None:
             cols = [f"{wall[x]:6.1f} [{cpu[x]:4.0f}]" if x in wall else f"{'-':>13}"
                     for x in ("mmad", "pack", "pack_sf", "numpy")]
             print(f"{f'{mad_m}x{mad_n}x{mad_k}':>14} {threads:>3} " + " ".join(f"{c:>13}" for c in cols), flush=True)
+
+
+
+def _numpy_tiles(ta: np.ndarray, tb: np.ndarray, reps: int) -> list[np.ndarray]:
+    """numpy's matmul of one tile ``reps`` times (the one-thread BLAS row)."""
+    return [ta @ tb.T for _ in range(reps)]
 
 
 def main(argv: list[str] | None = None) -> int:
