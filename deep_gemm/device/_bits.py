@@ -1,7 +1,7 @@
 """Bit reinterpretation between uint32 and float32 inside Numba code (LLVM bitcasts; no memory round trip).
 
 Used by the decodes of BF16 (bits << 16), FP8 e4m3 and FP4 e2m1 codes (GM -> L1 copies and the L1 -> L0 loads that
-decode codes held in L1) and the Fixpipe rounding (fp32 -> bf16 bits); not exported to templates.
+decode codes held in L1) and the fp32 -> bf16 rounding (Fixpipe, Cast); not exported to templates.
 """
 
 from __future__ import annotations
@@ -42,6 +42,20 @@ def f32_to_bits(typingctx, x):
         return builder.bitcast(value, ir.IntType(32))
 
     return types.uint32(x), codegen
+
+
+@intrinsic
+def round_bf16(typingctx, x):
+    """bf16 bits (uint16) of the float32 ``x``, rounded to nearest even; NaN -> quiet NaN 0x7FC0 with x's sign
+    (f32_to_bf16_bits' bits, without a branch). See emit_round_bf16."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        bits = emit_round_bf16(builder, builder.bitcast(args[0], ir.IntType(32)))
+        return builder.trunc(bits, ir.IntType(16))
+
+    return types.uint16(x), codegen
 
 
 def _const(ty, value):
@@ -85,6 +99,26 @@ def emit_decode(builder, c, kind: str):
     else:
         raise ValueError(f"unknown code kind {kind!r}")
     return builder.bitcast(builder.or_(bits, sign), fty)
+
+
+def emit_round_bf16(builder, bits):
+    """LLVM IR rounding fp32 bit patterns (i32 or a vector of i32) to bf16 bits, kept in the low 16 bits of each
+    32-bit lane: round to nearest even, NaN -> quiet NaN 0x7FC0 with the sign.
+
+    NOTES: in 32-bit lanes: numba's integer typing widens uint32 arithmetic to 64 bits, which halved the vector
+    width of the rounding loops (FixPipe's bf16 hand-off, Cast) and stored through 64 -> 16-bit truncations. No
+    non-NaN pattern can carry out of 32 bits (-Inf, 0xFF800000, + 0x8000 < 2^32); NaN patterns take the select.
+    """
+    ity = bits.type
+
+    def k(v):
+        return _const(ity, v)
+
+    lsb = builder.and_(builder.lshr(bits, k(16)), k(1))
+    rounded = builder.lshr(builder.add(builder.add(bits, k(0x7FFF)), lsb), k(16))
+    quiet = builder.or_(builder.and_(builder.lshr(bits, k(16)), k(0x8000)), k(0x7FC0))
+    is_nan = builder.icmp_unsigned(">", builder.and_(bits, k(0x7FFFFFFF)), k(0x7F800000))
+    return builder.select(is_nan, quiet, rounded)
 
 
 def widen_to_i32(builder, x):

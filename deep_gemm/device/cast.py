@@ -15,8 +15,9 @@ from numba.extending import overload
 from ..jit import enums
 from ..jit.numba_setup import apply_numba_settings
 from ._bits import bits_to_f32, decode_bf16, decode_e4m3, f32_to_bits
-from .fixpipe import f32_to_bf16_bits
-from .vector import as_rows, check_count, check_same_shape
+from .cube import _data_ptr, _ptr_add
+from .fixpipe import _round_bf16_lanes
+from .vector import _row_step, _unit_cols, as_rows, check_count, check_same_shape
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
 apply_numba_settings()
@@ -68,33 +69,53 @@ def f32_to_ue8m0(x, round_mode):
     raise ValueError("CastToUE8M0: round_mode must be CAST_CEIL, CAST_FLOOR or CAST_TRUNC", round_mode)
 
 
-def _convert(src_value, dst, round_mode):
-    """One element of Cast (numba-only; the overload picks the conversion from the value and dst dtypes)."""
+def _check_cast_mode(src, dst, round_mode):
+    """Raise ValueError when Cast's round mode is not one the (src, dst) dtype pair supports (numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_check_cast_mode)
+def _check_cast_mode_impl(src, dst, round_mode):
+    if src.dtype == types.float32 and dst.dtype == types.uint16:
+        def to_bf16(src, dst, round_mode):
+            if round_mode != CAST_RINT:
+                raise ValueError("Cast fp32 -> bf16 supports RoundMode::CAST_RINT only", round_mode)
+        return to_bf16
+    if src.dtype == types.float32 and dst.dtype == types.uint8:
+        def to_e4m3(src, dst, round_mode):
+            if round_mode != CAST_RINT:
+                raise ValueError("Cast fp32 -> fp8 e4m3 supports RoundMode::CAST_RINT only", round_mode)
+        return to_e4m3
+    return lambda src, dst, round_mode: None
+
+
+def _convert(src_value, out):
+    """One element of Cast (numba-only; the overload picks the conversion from the value's type and ``out``, the
+    destination array or pointer; the round mode is checked once per instruction by _check_cast_mode)."""
     raise NotImplementedError("numba-only helper")
 
 
 @overload(_convert)
-def _convert_impl(src_value, dst, round_mode):
-    out = dst.dtype
-    if src_value == types.float32 and out == types.uint16:
-        def to_bf16(src_value, dst, round_mode):
-            if round_mode != CAST_RINT:
-                raise ValueError("Cast fp32 -> bf16 supports RoundMode::CAST_RINT only", round_mode)
-            return f32_to_bf16_bits(src_value)
-        return to_bf16
-    if src_value == types.float32 and out == types.uint8:
-        def to_e4m3(src_value, dst, round_mode):
-            if round_mode != CAST_RINT:
-                raise ValueError("Cast fp32 -> fp8 e4m3 supports RoundMode::CAST_RINT only", round_mode)
-            return f32_to_e4m3_sat(src_value)
-        return to_e4m3
-    if src_value == types.uint8 and out == types.float32:
-        return lambda src_value, dst, round_mode: decode_e4m3(src_value)
-    if src_value == types.uint16 and out == types.float32:
-        return lambda src_value, dst, round_mode: decode_bf16(src_value)
-    if src_value == out:
-        return lambda src_value, dst, round_mode: src_value
+def _convert_impl(src_value, out):
+    dst = out.dtype
+    if src_value == types.float32 and dst == types.uint16:
+        # NOTES: the branchless form of f32_to_bf16_bits (a select for NaN, so a row loop vectorises): same bits
+        return lambda src_value, out: _round_bf16_lanes(src_value)
+    if src_value == types.float32 and dst == types.uint8:
+        return lambda src_value, out: f32_to_e4m3_sat(src_value)
+    if src_value == types.uint8 and dst == types.float32:
+        return lambda src_value, out: decode_e4m3(src_value)
+    if src_value == types.uint16 and dst == types.float32:
+        return lambda src_value, out: decode_bf16(src_value)
+    if src_value == dst:
+        return lambda src_value, out: src_value
     return None
+
+
+@njit(cache=True, inline="always")
+def _cast_row(pd, ps, n):
+    for j in range(n):
+        pd[j] = _convert(ps[j], pd)
 
 
 @njit(cache=True)
@@ -110,11 +131,21 @@ def Cast(dst, src, round_mode, count):  # noqa: N802
     s = as_rows(src)
     check_same_shape(d, s)
     full, rest = check_count(d, count)
+    _check_cast_mode(s, d, round_mode)
+    if _unit_cols(d) and _unit_cols(s):
+        # NOTES: pointer rows, as vector.py's loops (every UB tile and view has adjacent columns): the widenings and
+        # the bf16 rounding vectorise; 2-D indexing kept them scalar (the MQA AIVs widen H rows of scores per query
+        # row). LLVM checks overlap at run time, so aliased operands keep their sequential meaning.
+        pd, ps = _data_ptr(d), _data_ptr(s)
+        dr, sr = _row_step(d), _row_step(s)
+        for i in range(full + 1):
+            _cast_row(_ptr_add(pd, i * dr), _ptr_add(ps, i * sr), d.shape[1] if i < full else rest)
+        return
     for i in range(full):
         for j in range(d.shape[1]):
-            d[i, j] = _convert(s[i, j], d, round_mode)
+            d[i, j] = _convert(s[i, j], d)
     for j in range(rest):
-        d[full, j] = _convert(s[full, j], d, round_mode)
+        d[full, j] = _convert(s[full, j], d)
 
 
 @njit(cache=True)

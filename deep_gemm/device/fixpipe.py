@@ -13,7 +13,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from ..jit.numba_setup import apply_numba_settings
-from ._bits import bits_to_f32, f32_to_bits
+from ._bits import bits_to_f32, f32_to_bits, round_bf16
 from .cube import _data_ptr, _ptr_add
 from .vector import _row_step, _unit_cols
 
@@ -72,12 +72,9 @@ def _store_out_impl(gm_d, index, value, with_accumulation):
 
 @njit(cache=True, inline="always")
 def _round_bf16_lanes(value):
-    """f32_to_bf16_bits without branches (a select for NaN), so a row loop of it vectorizes; same bits."""
-    bits = np.uint32(f32_to_bits(value))
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-    quiet = ((bits >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0)
-    # NOTES: only NaN bit patterns (> 0x7F800000 without the sign) can carry out of 32 bits above; they take `quiet`
-    return np.uint16(quiet if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000) else rounded)
+    """f32_to_bf16_bits without branches (a select for NaN, in 32-bit lanes: _bits.emit_round_bf16), so a row loop
+    of it vectorizes at full width; same bits."""
+    return round_bf16(np.float32(value))
 
 
 @njit(cache=True)

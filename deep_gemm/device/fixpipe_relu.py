@@ -11,7 +11,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from ..jit.numba_setup import apply_numba_settings
-from ._bits import f32_to_bits
+from ._bits import round_bf16
 from .cube import _data_ptr, _ptr_add
 from .vector import _row_step, _unit_cols
 
@@ -22,11 +22,7 @@ apply_numba_settings()
 @njit(cache=True, inline="always")
 def _relu_bf16_lane(value):
     """bf16 bits (RNE) of relu(value): value < 0 -> +0; NaN -> quiet NaN with its sign; -0.0 stays -0.0."""
-    x = np.float32(0.0) if value < np.float32(0.0) else value
-    bits = np.uint32(f32_to_bits(x))
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-    quiet = ((bits >> np.uint32(16)) & np.uint32(0x8000)) | np.uint32(0x7FC0)
-    return np.uint16(quiet if (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000) else rounded)
+    return round_bf16(np.float32(0.0) if value < np.float32(0.0) else value)
 
 
 def _relu_rows(pu, stride_u, pc, ldc, rows, cols):
