@@ -14,10 +14,12 @@ import math
 
 import numpy as np
 from numba import njit, types
+from numba.core.errors import TypingError
 from numba.extending import overload
 
 from ..jit import enums
 from ..jit.numba_setup import apply_numba_settings
+from ._bits import decode_bf16
 from .cube import _data_ptr, _ptr_add
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
@@ -347,13 +349,45 @@ def Muls(dst, src, scalar, count):  # noqa: N802
     _map1(dst, src, count, _mul, scalar)
 
 
+def _axpy_source(dst, src):
+    """Nothing for a supported (dst, src) dtype pair of Axpy, the same dtype or fp32 dst with bf16 (uint16 bits) src;
+    any other pair fails to compile with a TypingError naming both (numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_axpy_source)
+def _axpy_source_impl(dst, src):
+    if src.dtype == dst.dtype or (dst.dtype == types.float32 and src.dtype == types.uint16):
+        return lambda dst, src: None
+    raise TypingError(f"Axpy: src {src.dtype} into dst {dst.dtype}: src must have dst's dtype, or be bf16 (uint16 "
+                      f"bits) into fp32")
+
+
+def _widened(x):
+    """An Axpy source element as an fp32 / dst-dtype value: bf16 bits (uint16) widened exactly, others as they are
+    (numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_widened)
+def _widened_impl(x):
+    if x == types.uint16:
+        return lambda x: decode_bf16(x)
+    return lambda x: x
+
+
 @njit(cache=True)
 def Axpy(dst, src, scalar, count):  # noqa: N802
     """Axpy(dst, src, scalar, count): dst = dst + src * scalar (the scalar first converted to dst's dtype; the
     product is rounded, then the sum: two roundings, no fused multiply-add). The weighted sums of the AIVs (e.g.
-    the MQA logits' reduction over heads) accumulate with it in a fixed order."""
+    the MQA logits' reduction over heads) accumulate with it in a fixed order.
+
+    Mixed precision (as Ascend C's Axpy with a half src into a float dst): an fp32 dst takes a bf16 src (uint16
+    bits), each element widened exactly in the lane, so dst = dst + fp32(src) * scalar gives the bits of a Cast to
+    fp32 followed by an fp32 Axpy, without the widened copy."""
     d = as_rows(dst)
     s = as_rows(src)
+    _axpy_source(d, s)
     check_same_shape(d, s)
     full, rest = check_count(d, count)
     value = like(d, scalar)
@@ -364,13 +398,13 @@ def Axpy(dst, src, scalar, count):  # noqa: N802
             n = d.shape[1] if i < full else rest
             qd, qs = _ptr_add(pd, i * dr), _ptr_add(ps, i * sr)
             for j in range(n):
-                qd[j] = _add(qd[j], _mul(qs[j], value))
+                qd[j] = _add(qd[j], _mul(_widened(qs[j]), value))
         return
     for i in range(full):
         for j in range(d.shape[1]):
-            d[i, j] = _add(d[i, j], _mul(s[i, j], value))
+            d[i, j] = _add(d[i, j], _mul(_widened(s[i, j]), value))
     for j in range(rest):
-        d[full, j] = _add(d[full, j], _mul(s[full, j], value))
+        d[full, j] = _add(d[full, j], _mul(_widened(s[full, j]), value))
 
 
 @njit(cache=True)

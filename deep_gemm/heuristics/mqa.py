@@ -44,11 +44,12 @@ PAGE_SIZES = (32, 64, 128)
 # Where the stand-in still differs from DeepGEMM-Ascend's kernel (mqa_logits.hpp), and why: its MAD is up to 128
 # rows x 128 / 256 keys where the chip's is 64 / H * H rows x 512 keys, 8 such MADs per query block sharing one key
 # load (the paged metadata's 256-key units and the ragged kernel's L0B key residency are what the existing tests
-# and get_paged_mqa_logits_metadata pin); its AIV sums the heads in fp32 (each bf16 score widened, an Axpy per head)
-# where the chip multiply-accumulates bf16 scores into bf16 sums (asc_mula), which would round each partial sum to
-# bf16 and break the stand-in's bf16 = RNE(fp32 logits) contract; and it keeps CUDA DeepGEMM's fp32 per-key scale
-# form (the AIV scales and ReLUs then), which the chip's API does not take. The model charges the chip's rates for
-# the work the stand-in issues: the head reduction at the chip's bf16 lanes, FixPipe at 64 bf16 elements per cycle.
+# and get_paged_mqa_logits_metadata pin); its AIV sums the heads in fp32 (an Axpy per head, each bf16 score widened
+# in the lane) where the chip multiply-accumulates bf16 scores into bf16 sums (asc_mula), which would round each
+# partial sum to bf16 and break the stand-in's bf16 = RNE(fp32 logits) contract; and it keeps CUDA DeepGEMM's fp32
+# per-key scale form (the AIV scales and ReLUs then), which the chip's API does not take. The model charges the
+# chip's rates for the work the stand-in issues: the head reduction at the chip's bf16 lanes, FixPipe at 64 bf16
+# elements per cycle.
 # The paged gather (PAGES_PER_COPY) is the chip's in the model and in the stand-in's kernel: two pages of values per
 # AIC copy (a two-burst copy), the scales moved by the owning AIV; copies and bytes are tested against the kernel's
 # counters (test_mqa_work_model.py). The stand-in's AIC reads the owner's UB scale stage in place of the chip's
@@ -154,8 +155,8 @@ def paged_token_bytes(dtype: str, head_dim: int, ascend_kv_layout: bool) -> int:
 
 def mqa_ub_bytes(c: MqaConfig) -> int:
     """One AIV's UB in the kernels (lib/mqa.asc.j2, sized for MAX_MAD_ROWS rows): its hand-off slots (bf16 tiles,
-    num_ub_stages / 2 per AIV), one query row's heads widened to fp32, the key-scale tile, the weights, the fp32 sums
-    and bf16 logits of MAX_MAD_ROWS / 4 query rows, the -inf rows."""
+    num_ub_stages / 2 per AIV), one query row's heads widened to fp32 (the per-key scale form), the key-scale tile,
+    the weights, the fp32 sums and bf16 logits of MAX_MAD_ROWS / 4 query rows, the -inf rows."""
     n, rows = c.block_kv, MAX_MAD_ROWS
     def a32(b: int) -> int:
         return -(-b // 32) * 32

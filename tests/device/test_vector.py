@@ -7,6 +7,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from numba.core.errors import TypingError
 
 from deep_gemm import device
 from deep_gemm.jit import enums
@@ -248,6 +249,42 @@ def test_cast_bf16_and_e4m3_bit_exact(rng):
     again = np.empty(256, np.uint8)
     device.Cast(again, back, RM.CAST_RINT, 256)
     np.testing.assert_array_equal(again[finite], all_codes[finite])
+
+
+def test_cast_on_views_and_partial_counts(rng):
+    """Cast's pointer rows (adjacent columns) and indexed fallback (a column stride) give the same bits, with partial
+    counts leaving the rest of dst untouched: fp32 -> bf16 (RNE, NaN quieted), bf16 -> fp32 (exact)."""
+    x = _data(rng, (6, 40), nan=True)
+    bits = fp32_to_bf16_bits(x)
+    with pytest.raises(ValueError, match="CAST_RINT"):
+        device.Cast(np.zeros(4, np.uint16), x[0, :4], RM.CAST_NONE, 4)
+    for cols in (slice(3, 23), slice(1, 40, 2)):
+        a, b = x[:, cols], bits[:, cols]
+        for count in (a.size, a.size - 7):
+            rounded = np.full(a.shape, 7, np.uint16)
+            device.Cast(rounded, a, RM.CAST_RINT, count)
+            _check_partial(rounded, np.ascontiguousarray(b), np.full(a.shape, 7, np.uint16), count)
+            wide = _copy_like(np.full(a.shape, 5, F32), cols.step)
+            device.Cast(wide, b, RM.CAST_NONE, count)
+            _check_partial(wide, b.view(ml_dtypes.bfloat16).astype(F32), np.full(a.shape, 5, F32), count)
+
+
+def test_axpy_takes_bf16_into_fp32(rng):
+    """The mixed-precision Axpy (bf16 src, fp32 dst; the MQA head reduction) gives the bits of widening the source
+    first, on both loop paths and with a partial count; other dtype pairs are refused."""
+    x = _data(rng, (5, 24), nan=True)
+    bits = fp32_to_bf16_bits(x)
+    for cols in (slice(2, 19), slice(0, 24, 3)):
+        b = bits[:, cols]
+        widened = b.view(ml_dtypes.bfloat16).astype(F32)
+        for count in (b.size, b.size - 5):
+            acc = _data(rng, b.shape)
+            got, want = acc.copy(), acc.copy()
+            device.Axpy(got, b, -0.3, count)
+            device.Axpy(want, widened, -0.3, count)
+            np.testing.assert_array_equal(_bits(got), _bits(want))
+    with pytest.raises(TypingError, match="src must have dst's dtype"):
+        device.Axpy(np.zeros(4, F32), np.zeros(4, np.float64), 1.0, 4)
 
 
 def test_cast_ue8m0(rng):
