@@ -68,7 +68,7 @@ def _logits_args(logits: np.ndarray) -> dict[str, object]:
 
 
 def _template_constants(desc: MqaDesc, config: MqaConfig, arch: ArchSpec,
-                        cube_l0_bf16: bool = False) -> dict[str, object]:
+                        cube_l0_bf16: str = "") -> dict[str, object]:
     problems = config_violations(desc, config, arch)
     if problems:
         raise ValueError(f"MQA-logits config {config} does not fit arch {arch.name}: {'; '.join(problems)}")
