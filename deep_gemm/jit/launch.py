@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import queue
-import signal
 import sys
 import threading
 
@@ -106,60 +105,6 @@ def _worker_loop(jobs: queue.SimpleQueue) -> None:
             job.run(part)
 
 
-# NOTES: the C functions behind signal.getsignal/signal.signal: the Python wrappers convert handlers to and from
-# enums and cost ~12 us per launch on a loaded machine (most of a small kernel's dispatch); these cost under 1 us.
-# Same semantics (SIG_DFL/SIG_IGN come back as the ints the enums compare equal to).
-try:
-    from _signal import getsignal as _getsignal
-    from _signal import signal as _setsignal
-except ImportError:  # another Python implementation
-    _getsignal, _setsignal = signal.getsignal, signal.signal
-
-
-class _HeldSigint:
-    """On the main thread, holds SIGINT for the duration of a launch and hands it to the previous handler after.
-
-    Off the main thread (signals are only ever handled on the main thread) or when SIGINT's handler was not
-    installed from Python, it does nothing.
-    """
-
-    __slots__ = ("_previous", "_pending")
-
-    def __init__(self):
-        self._previous = None
-        self._pending: list = []
-
-    def _hold(self, signum, frame) -> None:
-        self._pending.append((signum, frame))
-
-    def __enter__(self):
-        if threading.current_thread() is not threading.main_thread():
-            return self
-        previous = _getsignal(signal.SIGINT)
-        if previous is None:
-            return self
-        try:
-            _setsignal(signal.SIGINT, self._hold)
-        except ValueError:  # not the main interpreter
-            return self
-        self._previous = previous
-        return self
-
-    def __exit__(self, *exc) -> None:
-        previous = self._previous
-        if previous is None:
-            return
-        _setsignal(signal.SIGINT, previous)
-        if not self._pending:
-            return
-        signum, frame = self._pending[0]
-        if callable(previous):
-            previous(signum, frame)  # default_int_handler raises KeyboardInterrupt here
-        elif previous == signal.SIG_DFL:
-            signal.raise_signal(signum)
-        # SIG_IGN: the interrupt is ignored, as it would have been without the launch
-
-
 class CoreLauncher:
     """Runs ``entry(i, T, *args)`` for i in 0..T-1 on up to T threads (the caller takes parts too) and returns when
     all have finished; the first exception of any part is re-raised on the caller."""
@@ -190,7 +135,7 @@ class CoreLauncher:
             entry(0, 1, *args)
             return
         job = _Job(entry, args, threads)
-        with _HeldSigint():
+        with interrupt.HeldSigint():
             try:
                 self._ensure(threads - 1)
                 for _ in range(threads - 1):

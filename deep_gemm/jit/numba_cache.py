@@ -18,7 +18,6 @@ import pickle
 import stat
 import sys
 import uuid
-import weakref
 from pathlib import Path
 
 from . import cache, events, files, sources
@@ -36,7 +35,6 @@ SHARED_DIR = "numba"  # <root>/numba/<source dir>_<hash>/: numba files of deep_g
 
 _memory_modules: set[str] = set()  # generated kernel modules built in memory (no disk cache)
 _read_only_modules: set[str] = set()  # kernel modules of entries in a read-only root (their numba files are read)
-_dispatchers: weakref.WeakSet = weakref.WeakSet()  # every dispatcher whose cache this module chose
 
 
 class DamagedCacheFile(Exception):
@@ -470,7 +468,6 @@ def install() -> bool:
         if ours is None:
             return original(self)
         self._cache = ours
-        _dispatchers.add(self)
 
     cls.enable_caching = enable_caching
     cls._dg_verified_cache = True
@@ -478,9 +475,19 @@ def install() -> bool:
 
 
 def forget_failed_compiles() -> None:
-    """Drop numba's memo of failed typings of deep_gemm's functions (after an interrupted compile, a failure that
-    the interrupt caused would otherwise be replayed by every later call)."""
-    for disp in list(_dispatchers):
-        failed = getattr(getattr(disp, "_compiler", None), "_failed_cache", None)
-        if failed:
-            failed.clear()
+    """Drop numba's memo of failed typings (after an interrupted compile, a failure that the interrupt caused would
+    otherwise be replayed by every later call).
+
+    NOTES: every dispatcher of the process, not only deep_gemm's: an interrupt that lands while numba types one of
+    its own implementations (np.empty's, on the first compile of a process) leaves that TypingError memoized in
+    numba's dispatcher, and every later kernel that allocates would fail with it. numba keeps no registry of its
+    dispatchers, so the garbage collector's list is walked; this runs only after an interrupt."""
+    import gc
+
+    from numba.core.dispatcher import _DispatcherBase
+
+    for obj in gc.get_objects():
+        if isinstance(obj, _DispatcherBase):
+            failed = getattr(getattr(obj, "_compiler", None), "_failed_cache", None)
+            if failed:
+                failed.clear()

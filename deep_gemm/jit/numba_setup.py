@@ -44,6 +44,7 @@ def apply_numba_settings() -> dict[str, object]:
         # NOTES: before any deep_gemm function is decorated: their cache=True then uses deep_gemm's verified cache
         # under the kernel cache root (numba_cache.py); independent of DG_JIT_FAST_MATH_SETUP.
         install_verified_cache()
+        _install_interrupt_safe_refresh()
         if numba_internals_known():
             from .native import install_object_capture
 
@@ -131,6 +132,32 @@ def _install_cheap_kernel_link() -> bool:
     cls._optimize_final_module = _optimize_final_module
     cls._dg_cheap_kernel_link = True
     return True
+
+
+def _install_interrupt_safe_refresh() -> None:
+    """Hold SIGINT while numba installs new typing and lowering registrations (its contexts' refresh()).
+
+    NOTES: refresh() takes each registration from a generator and then inserts it; a KeyboardInterrupt between the
+    two loses that registration for the life of the process. The first compile of a process installs thousands of
+    them (some 100 ms), so a Ctrl-C there left numba unable to type np.empty ("Unknown attribute '_allocate'") and
+    every later kernel failed. Held, the interrupt is raised right after the refresh, inside the same compile.
+    """
+    from numba.core import base
+    from numba.core.typing import context
+
+    from .interrupt import HeldSigint
+
+    for cls in (context.BaseContext, base.BaseContext):
+        if cls.__dict__.get("_dg_held_refresh"):
+            continue
+        original = cls.refresh
+
+        def refresh(self, _original=original):
+            with HeldSigint():
+                return _original(self)
+
+        cls.refresh = refresh
+        cls._dg_held_refresh = True
 
 
 def _defer_scipy_probe() -> bool:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import ast
+
 import numpy as np
 from tree_sitter import Node
 
@@ -10,6 +12,24 @@ from ..errors import TranslateError
 from .ctype import INT_TYPES, CType, Expr, common_int, int_bounds, int_value
 from .emitter import CANCEL, strip_parens
 from .symbols import Sym
+
+
+def _numba_may_type_as_literal(code: str) -> bool:
+    """Whether numba would type a C variable initialised with ``code`` as a literal (a name, a number, or a
+    conditional that numba's branch pruning reduces to one of them, as ``SHAPE_N != 0 ? SHAPE_N : shape_n``).
+
+    NOTES: a declared C variable has its declared type, so such an initializer is emitted as np.int64(...) (what
+    numba makes of the literal anyway, all C integers being int64 in generated code). Left a literal, every device
+    function it is passed to compiled once per value: a new GEMM shape recompiled the GM -> L1 copies and FixPipe
+    for its N and K. LLVM still sees the constant (the cast folds), so the generated code is unchanged.
+    """
+    try:
+        node = ast.parse(strip_parens(code), mode="eval").body
+    except SyntaxError:
+        return False
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        node = node.operand
+    return isinstance(node, (ast.Name, ast.Constant, ast.IfExp))
 
 
 class Statements:
@@ -102,6 +122,8 @@ class Statements:
         # Non-negative operands get Python's // and % (no C helpers).
         if ctype.kind == "int" and not is_const:
             ctype = CType("int", ctype.np)
+        if ctype.kind == "int" and not is_constexpr and _numba_may_type_as_literal(code):
+            code = f"np.int64({strip_parens(code)})"
         self.emit(f"{name} = {strip_parens(code)}", decl)
         self.define(name, ctype, is_const, decl)
         if is_constexpr:
