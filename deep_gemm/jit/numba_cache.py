@@ -18,6 +18,7 @@ import pickle
 import stat
 import sys
 import uuid
+import weakref
 from pathlib import Path
 
 from . import cache, events, files, sources
@@ -449,6 +450,10 @@ def cache_for(py_func):
     return None
 
 
+# numba function compilers holding a memoized failure (install() records them)
+_failing_compilers: weakref.WeakSet = weakref.WeakSet()
+
+
 def install() -> bool:
     """Route numba's cache=True of deep_gemm's functions through cache_for() (idempotent). False, leaving numba
     alone, when the installed numba is not the release whose internals this was written against."""
@@ -471,6 +476,16 @@ def install() -> bool:
 
     cls.enable_caching = enable_caching
     cls._dg_verified_cache = True
+    compiler_cls = dispatcher._FunctionCompiler
+    original_cached = compiler_cls._compile_cached
+
+    def _compile_cached(self, args, return_type):
+        status, retval = original_cached(self, args, return_type)
+        if not status:
+            _failing_compilers.add(self)  # a failure numba memoized (forget_failed_compiles can drop it)
+        return status, retval
+
+    compiler_cls._compile_cached = _compile_cached
     return True
 
 
@@ -478,16 +493,9 @@ def forget_failed_compiles() -> None:
     """Drop numba's memo of failed typings (after an interrupted compile, a failure that the interrupt caused would
     otherwise be replayed by every later call).
 
-    NOTES: every dispatcher of the process, not only deep_gemm's: an interrupt that lands while numba types one of
-    its own implementations (np.empty's, on the first compile of a process) leaves that TypingError memoized in
-    numba's dispatcher, and every later kernel that allocates would fail with it. numba keeps no registry of its
-    dispatchers, so the garbage collector's list is walked; this runs only after an interrupt."""
-    import gc
-
-    from numba.core.dispatcher import _DispatcherBase
-
-    for obj in gc.get_objects():
-        if isinstance(obj, _DispatcherBase):
-            failed = getattr(getattr(obj, "_compiler", None), "_failed_cache", None)
-            if failed:
-                failed.clear()
+    NOTES: every compiler that memoized a failure, numba's own included: an interrupt that lands while numba types
+    one of its implementations (np.empty's, on the first compile of a process) leaves that TypingError in numba's
+    dispatcher, and every later kernel that allocates would replay it. install() records them as they fail."""
+    for compiler in list(_failing_compilers):
+        compiler._failed_cache.clear()
+    _failing_compilers.clear()
