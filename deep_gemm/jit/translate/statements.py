@@ -21,7 +21,8 @@ def _numba_may_type_as_literal(code: str) -> bool:
     NOTES: a declared C variable has its declared type, so such an initializer is emitted as np.int64(...) (what
     numba makes of the literal anyway, all C integers being int64 in generated code). Left a literal, every device
     function it is passed to compiled once per value: a new GEMM shape recompiled the GM -> L1 copies and FixPipe
-    for its N and K. LLVM still sees the constant (the cast folds), so the generated code is unchanged.
+    for its N and K. In the function itself LLVM still sees the constant (the cast folds); a callee is now
+    compiled for any value, and sees it only where LLVM inlines it.
     """
     try:
         node = ast.parse(strip_parens(code), mode="eval").body
