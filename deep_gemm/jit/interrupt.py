@@ -173,7 +173,7 @@ class HeldSigint:
             previous(signum, frame)  # default_int_handler raises KeyboardInterrupt here
         elif previous == signal.SIG_DFL:
             signal.raise_signal(signum)
-        # SIG_IGN: the interrupt is ignored, as it would have been without the launch
+        # SIG_IGN: the interrupt is ignored, as it would have been without the hold
 
 
 def scope() -> CallScope:
