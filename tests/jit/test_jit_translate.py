@@ -101,8 +101,10 @@ def test_enum_constants_and_template_argument_calls():
     }""")
     py = t.python
     assert f"HardEvent_MTE2_MTE1 = {enums.SCOPED['HardEvent']['MTE2_MTE1']}  # HardEvent::MTE2_MTE1" in py
-    assert "SetFlag(HardEvent_MTE2_MTE1, 1)" in py and "WaitFlag(HardEvent_MTE2_MTE1, 1)" in py
-    assert "PipeBarrier(PIPE_MTE2)" in py
+    # constant arguments go to device functions as int64 values, not numba literals (one overload for every id)
+    assert "SetFlag(np.int64(HardEvent_MTE2_MTE1), np.int64(1))" in py
+    assert "WaitFlag(np.int64(HardEvent_MTE2_MTE1), np.int64(1))" in py
+    assert "PipeBarrier(np.int64(PIPE_MTE2))" in py
     assert f"from {EXAMPLE_DEVICE} import PipeBarrier, SetFlag, WaitFlag" in py
 
 

@@ -162,3 +162,40 @@ def test_mixed_and_sync_all_translate_errors(case):
               f'extern "C" __global__ __aicore__ void k(GlobalTensor<float> x) {{\n    {body}\n}}\n')
     with pytest.raises(TranslateError, match=re.escape(message)):
         translate(source, template="case.asc")
+
+
+BOOKKEEPING_CALLS = {"cross_core_set", "cross_core_try_wait", "ub_tensor", "SetFlag", "WaitFlag", "PipeBarrier"}
+
+
+def test_bookkeeping_calls_pass_constants_as_int64_values():
+    """A flag id, a line number or a UB offset that is a compile-time constant reaches the sync, cross-core and UB
+    functions as np.int64(...), which numba types as int64, not as a literal: one compiled overload per function
+    instead of one per constant (a mixed kernel's cold compile is that much shorter)."""
+    import ast
+
+    from deep_gemm.jit.render import render
+    from deep_gemm.jit.translate import translate
+
+    desc = GemmDesc(m=100, n=96, k=80, a_dtype="bf16", b_dtype="bf16", out_dtype="fp32", num_ai_cores=CORES)
+    constants = gemm_constants(desc, GemmConfig(num_ai_cores=CORES, **CONFIG), "nk", resident_a=False)
+    constants.update(NUM_UB_STAGES=2, UB_BYTES=UB_BYTES)
+    python = translate(render("examples/mixed_relu", constants), template="examples/mixed_relu",
+                       constants=constants).python
+    calls = [node for node in ast.walk(ast.parse(python))
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) in BOOKKEEPING_CALLS]
+    assert {c.func.id for c in calls} >= {"cross_core_set", "cross_core_try_wait", "ub_tensor", "SetFlag"}
+    bare = [ast.unparse(arg) for c in calls for arg in c.args
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, int)
+            or isinstance(arg, ast.Name) and arg.id.isupper()]
+    assert not bare, f"constants passed as numba literals: {bare}"
+
+    @numba.njit
+    def callee(x):
+        return x + 1
+
+    @numba.njit
+    def caller():
+        return callee(np.int64(3)) + callee(np.int64(4))
+
+    assert caller() == 9
+    assert [str(t) for sig in callee.signatures for t in sig] == ["int64"]  # one overload, not Literal[int](3), (4)

@@ -19,7 +19,7 @@ from tree_sitter import Node
 
 from .. import enums
 from .ctype import BOOL, UNKNOWN, VOID, CType, Expr, int_value
-from .emitter import CANCEL, strip_parens
+from .emitter import CANCEL
 
 # Hidden names of the generated code (template identifiers may not start with _dg)
 SUB = "_dg_sub"
@@ -153,8 +153,8 @@ class MixedKernels:
                 raise self.error(template_args[1], f"unknown pipe {pipe}")
         self.check_flag_id_constant(node, args[0], 16)
         self.used_runtime.add("cross_core_set")
-        return Expr(f"cross_core_set({CROSS.rsplit(', ', 1)[0]}, {SUB}, {mode}, {strip_parens(args[0].code)}, "
-                    f"{self.sync_line(node)})", VOID)
+        return Expr(f"cross_core_set({CROSS.rsplit(', ', 1)[0]}, {SUB}, np.int64({mode}), "
+                    f"{self.runtime_int_arg(args[0].code)}, np.int64({self.sync_line(node)}))", VOID)
 
     def call_cross_wait(self, node: Node, template_args) -> Expr:
         args = self.call_args(node)
@@ -168,8 +168,8 @@ class MixedKernels:
         self.used_runtime.add("cross_core_try_wait")
         flags = "_dg_xflags, _dg_xinfo"
         # NOTES: the scheduler resumes this sub-core after other sub-cores ran; the loop re-tests the flag.
-        self.emit(f"while not cross_core_try_wait({flags}, {SUB}, {strip_parens(args[0].code)}, "
-                  f"{self.sync_line(node)}):", node)
+        self.emit(f"while not cross_core_try_wait({flags}, {SUB}, {self.runtime_int_arg(args[0].code)}, "
+                  f"np.int64({self.sync_line(node)})):", node)
         self.indent += 1
         self.emit("yield 1", node)
         self.indent -= 1
@@ -192,7 +192,7 @@ class MixedKernels:
         if elem.kind not in ("int", "float", "bool"):
             raise self.error(node, "UBTensor needs a scalar element type")
         self.used_runtime.add("ub_tensor")
-        codes = ", ".join(strip_parens(a.code) for a in args)
+        codes = ", ".join(self.runtime_int_arg(a.code) for a in args)
         return Expr(f"ub_tensor(_dg_ub, _dg_xinfo, {codes}, np.{elem.np})", CType("array", elem.np, 2))
 
     def call_sync_all(self, node: Node, template_args) -> Expr:
@@ -207,13 +207,13 @@ class MixedKernels:
         name = self.text(fn)
         args = self.call_args(node)
         leading = [self.template_argument(t) for t in template_args]
-        codes = leading + [strip_parens(a.code) for a in args]
+        codes = [self.runtime_int_arg(code) for code in leading] + [self.runtime_int_arg(a.code) for a in args]
         if not self.has_check_state():
             if name not in self.device_exports:
                 raise self.error(node, f"unknown function {name!r}")
             self.used_device.add(name)
             return Expr(f"{name}({', '.join(codes)})", UNKNOWN)
-        line = self.sync_line(node)
+        line = f"np.int64({self.sync_line(node)})"
         if name == "PipeBarrier":
             if len(codes) != 1:
                 raise self.error(node, "PipeBarrier<PIPE_X>() takes one pipe")
