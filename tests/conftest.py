@@ -35,7 +35,8 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 def pytest_addoption(parser):
     parser.addoption("--compile-report", metavar="PATH", default=None,
                      help="write per test file: tests, seconds (setup + call + teardown), kernels built (rendered + "
-                          "translated) and entry functions compiled by numba, slowest first, to PATH (JSON)")
+                          "translated), entry functions compiled by numba and the seconds numba spent compiling "
+                          "each kernel, slowest first, to PATH (JSON)")
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -72,10 +73,43 @@ def _jit_counts() -> dict[str, int]:
     return {k: counts.get(k, 0) for k in _PROFILE_KEYS}
 
 
+_compile_seconds: dict[str, float] = {}  # this process: kernel name -> seconds numba spent compiling its entries
+_compile_timer_installed = False
+
+
+def _install_compile_timer() -> None:
+    """Time numba's compiles of generated kernels' functions, outermost only (an entry's time includes the device
+    functions it compiles), by kernel name (``_dg_kernel_<name>_<digest>``: the name)."""
+    global _compile_timer_installed
+    if _compile_timer_installed:
+        return
+    _compile_timer_installed = True
+    from numba.core import event
+
+    from deep_gemm.jit.numba_facts import KERNEL_MODULE_MARK
+
+    stack: list[tuple[str | None, float]] = []
+
+    class Timer(event.Listener):
+        def on_start(self, ev):
+            dispatcher = ev.data.get("dispatcher") if isinstance(ev.data, dict) else None
+            module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
+            name = module[len(KERNEL_MODULE_MARK):].rsplit("_", 1)[0] if module.startswith(KERNEL_MODULE_MARK) else None
+            stack.append((name, time.perf_counter()))
+
+        def on_end(self, ev):
+            name, start = stack.pop()
+            if name is not None and not any(n is not None for n, _ in stack):
+                _compile_seconds[name] = _compile_seconds.get(name, 0.0) + time.perf_counter() - start
+
+    event.register("numba:compile", Timer())
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     if item.config.getoption("compile_report"):
-        item.stash[_START] = _jit_counts()
+        _install_compile_timer()
+        item.stash[_START] = (_jit_counts(), dict(_compile_seconds))
     yield
 
 
@@ -84,12 +118,15 @@ def pytest_runtest_teardown(item, nextitem):
     yield
     start = item.stash.get(_START, None)
     if start is not None:
+        counts, seconds = start
         end = _jit_counts()
-        item.user_properties.append(("dg_jit", {k: end[k] - start[k] for k in _PROFILE_KEYS}))
+        item.user_properties.append(("dg_jit", {k: end[k] - counts[k] for k in _PROFILE_KEYS}))
+        spent = {k: round(v - seconds.get(k, 0.0), 2) for k, v in _compile_seconds.items() if v > seconds.get(k, 0.0)}
+        item.user_properties.append(("dg_compile_seconds", spent))
 
 
 def pytest_runtest_logreport(report):
-    empty = {"tests": 0, "seconds": 0.0, **dict.fromkeys(_PROFILE_KEYS, 0)}
+    empty = {"tests": 0, "seconds": 0.0, "compile_seconds": 0.0, **dict.fromkeys(_PROFILE_KEYS, 0), "kernels": {}}
     row = _per_file.setdefault(report.nodeid.split("::")[0], empty)
     row["seconds"] += report.duration
     if report.when == "call" or (report.when == "setup" and report.skipped):
@@ -98,12 +135,17 @@ def pytest_runtest_logreport(report):
         if name == "dg_jit":
             for k in _PROFILE_KEYS:
                 row[k] += value.get(k, 0)
+        elif name == "dg_compile_seconds":
+            for kernel, seconds in value.items():
+                row["compile_seconds"] += seconds
+                row["kernels"][kernel] = round(row["kernels"].get(kernel, 0.0) + seconds, 2)
 
 
 def _write_compile_report(path: str) -> None:
     rows = sorted(_per_file.items(), key=lambda kv: -kv[1]["seconds"])
     report = {"written": time.strftime("%Y-%m-%d %H:%M:%S"),
               "total_seconds": round(sum(r["seconds"] for _, r in rows), 1),
+              "compile_seconds": round(sum(r["compile_seconds"] for _, r in rows), 1),
               "files": [{"file": f, **{k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()}}
                         for f, r in rows]}
     with open(path, "w", encoding="utf-8") as f:
