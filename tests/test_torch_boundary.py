@@ -213,16 +213,17 @@ def test_dense_fp8_gemm_with_torch_quantized_operands(rng, spy):
 
 
 def test_dense_fp8_gemm_fp8_output_epilogue(rng):
-    m, n, k = 150, 192, 160  # tests/api/test_epilogue.py's shape
+    m, n, k = 150, 192, 160  # tests/api/test_epilogue.py's shape and core count: its kernel
     x, w = _fp8_problem(rng, m, n, k)
     a_np = dg_utils.per_token_cast_to_fp8(x, use_ue8m0=True, gran_k=32)
     b_np = dg_utils.per_token_cast_to_fp8(w, use_ue8m0=True, gran_k=32)
     d_np, sfd_np = np.zeros((m, n), E4M3), np.zeros((n // 64, m), np.int16).T
-    deep_gemm.fp8_gemm_nt(a_np, b_np, d_np, epilogue=FP8Quantization(sfd_np))
     d = torch.zeros(m, n, dtype=torch.float8_e4m3fn)
     sfd = torch.zeros(n // 64, m, dtype=torch.int16).t()  # strides (1, M), as upstream
     ptrs = d.data_ptr(), sfd.data_ptr()
-    deep_gemm.fp8_gemm_nt(tt_pair(a_np), tt_pair(b_np), d, epilogue=FP8Quantization(sfd))
+    with deep_gemm.runtime_scope(num_ai_cores=7):
+        deep_gemm.fp8_gemm_nt(a_np, b_np, d_np, epilogue=FP8Quantization(sfd_np))
+        deep_gemm.fp8_gemm_nt(tt_pair(a_np), tt_pair(b_np), d, epilogue=FP8Quantization(sfd))
     assert (d.data_ptr(), sfd.data_ptr()) == ptrs
     assert same_bits(d, d_np) and same_bits(sfd, sfd_np)
 
