@@ -4,6 +4,7 @@ their own, and ``--compile-report PATH`` (where the suite's time and kernel comp
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -36,7 +37,8 @@ def pytest_addoption(parser):
     parser.addoption("--compile-report", metavar="PATH", default=None,
                      help="write per test file: tests, seconds (setup + call + teardown), kernels built (rendered + "
                           "translated), entry functions compiled by numba and the seconds numba spent compiling "
-                          "each kernel, slowest first, to PATH (JSON)")
+                          "each kernel, slowest first, and the kernels two test files built with constants that "
+                          "differ in at most two keys (near_duplicates), to PATH (JSON)")
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -74,6 +76,7 @@ def _jit_counts() -> dict[str, int]:
 
 
 _compile_seconds: dict[str, float] = {}  # this process: kernel name -> seconds numba spent compiling its entries
+_builds: list[dict] = []  # this process: every kernel it built (rendered, translated, published), in order
 _compile_timer_installed = False
 
 
@@ -89,6 +92,21 @@ def _install_compile_timer() -> None:
     from deep_gemm.jit.numba_facts import KERNEL_MODULE_MARK
 
     stack: list[tuple[str | None, float]] = []
+    from deep_gemm.jit import events
+
+    def on_event(kind: str, info: dict) -> None:
+        if kind != "build":
+            return
+        try:
+            with open(os.path.join(info["path"], "meta.json"), encoding="utf-8") as f:
+                constants = json.load(f).get("constants")
+        except (OSError, ValueError, KeyError):
+            constants = None
+        if isinstance(constants, str):
+            constants = ast.literal_eval(constants)
+        _builds.append({"kernel": info.get("kernel"), "constants": constants})
+
+    events.listen(on_event)
 
     class Timer(event.Listener):
         def on_start(self, ev):
@@ -109,7 +127,7 @@ def _install_compile_timer() -> None:
 def pytest_runtest_setup(item):
     if item.config.getoption("compile_report"):
         _install_compile_timer()
-        item.stash[_START] = (_jit_counts(), dict(_compile_seconds))
+        item.stash[_START] = (_jit_counts(), dict(_compile_seconds), len(_builds))
     yield
 
 
@@ -118,11 +136,12 @@ def pytest_runtest_teardown(item, nextitem):
     yield
     start = item.stash.get(_START, None)
     if start is not None:
-        counts, seconds = start
+        counts, seconds, built = start
         end = _jit_counts()
         item.user_properties.append(("dg_jit", {k: end[k] - counts[k] for k in _PROFILE_KEYS}))
         spent = {k: round(v - seconds.get(k, 0.0), 2) for k, v in _compile_seconds.items() if v > seconds.get(k, 0.0)}
         item.user_properties.append(("dg_compile_seconds", spent))
+        item.user_properties.append(("dg_builds", _builds[built:]))
 
 
 def pytest_runtest_logreport(report):
@@ -139,6 +158,33 @@ def pytest_runtest_logreport(report):
             for kernel, seconds in value.items():
                 row["compile_seconds"] += seconds
                 row["kernels"][kernel] = round(row["kernels"].get(kernel, 0.0) + seconds, 2)
+        elif name == "dg_builds":
+            _all_builds.extend(dict(b, test=report.nodeid) for b in value)
+
+
+_all_builds: list[dict] = []  # the controller: every build of the session, with the test that made it
+
+
+def near_duplicates(builds: list[dict], max_differ: int = 2) -> list[dict]:
+    """Kernels built by two different test files whose template constants differ in one to ``max_differ`` keys
+    (fewest first): the candidates for one test to use the other's shape or core count and load its kernel. (Equal
+    constants with two builds differ by a setting of the key, DG_SYNC_CHECK say: not listed.)"""
+    out = []
+    by_kernel: dict[str, list[dict]] = {}
+    for b in builds:
+        if isinstance(b.get("constants"), dict):
+            by_kernel.setdefault(b["kernel"], []).append(b)
+    for kernel, group in by_kernel.items():
+        for i, x in enumerate(group):
+            for y in group[i + 1:]:
+                if x["test"].split("::")[0] == y["test"].split("::")[0]:
+                    continue
+                keys = set(x["constants"]) | set(y["constants"])
+                differ = {k: [x["constants"].get(k), y["constants"].get(k)] for k in sorted(keys)
+                          if x["constants"].get(k) != y["constants"].get(k)}
+                if 0 < len(differ) <= max_differ:
+                    out.append({"kernel": kernel, "tests": [x["test"], y["test"]], "differ": differ})
+    return sorted(out, key=lambda d: (len(d["differ"]), d["kernel"], d["tests"]))
 
 
 def _write_compile_report(path: str) -> None:
@@ -147,6 +193,7 @@ def _write_compile_report(path: str) -> None:
               "total_seconds": round(sum(r["seconds"] for _, r in rows), 1),
               "compile_seconds": round(sum(r["compile_seconds"] for _, r in rows), 1),
               "files": [{"file": f, **{k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()}}
-                        for f, r in rows]}
+                        for f, r in rows],
+              "near_duplicates": near_duplicates(_all_builds)}
     with open(path, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)
