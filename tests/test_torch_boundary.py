@@ -368,7 +368,13 @@ def _block_table(rng, batch, max_pages, num_blocks):
 def test_paged_mqa_logits_with_metadata(rng, spy):
     import deep_gemm.kernels.mqa_logits as mqa_kernels
 
-    batch, next_n, num_heads, head_dim, page = 4, 2, 8, 64, 64  # tests/attention's test_paged_next_n_2 shape
+    # tests/attention's test_paged_next_n_2 shape, at test_mqa_conventions' 3 cores: its paged kernel
+    with deep_gemm.runtime_scope(num_ai_cores=3):
+        _paged_mqa_logits_with_metadata(rng, spy, mqa_kernels)
+
+
+def _paged_mqa_logits_with_metadata(rng, spy, mqa_kernels):
+    batch, next_n, num_heads, head_dim, page = 4, 2, 8, 64, 64
     ctx_np = np.array([[65, 66], [129, 130], [0, 1], [400, 401]], np.int32)
     length = int(ctx_np.max())
     q_np = rng.standard_normal((batch, next_n, num_heads, head_dim)).astype(np.float32).astype(E4M3)
