@@ -109,6 +109,28 @@ def test_exception_in_one_rank_propagates():
     check_the_others_failed_clearly(err, 1, 3, t0)
 
 
+def test_a_failing_rank_aborts_the_group_before_its_status_says_failed(monkeypatch):
+    """A peer that sees a FAILED status must find the abort word already naming that rank: else the peer's own abort
+    (it fails in turn) wins the word and the run blames the peer (seen once under load in
+    test_exception_in_one_rank_propagates: "rank 2 of 3 failed" for rank 1's KeyError)."""
+    from deep_gemm.ep.group import STATUS_FAILED, ShmGroup, control_nbytes, init_control, read_abort
+
+    prefix = _shm.new_run_prefix()
+    mm = _shm.create(prefix + "control", control_nbytes(2))
+    try:
+        init_control(mm, 2)
+        group = ShmGroup(prefix + "control", prefix, 0, 2)  # rank 0 of 2, in this process
+        status_at_abort = []
+        abort = group.abort
+        monkeypatch.setattr(group, "abort", lambda why: (status_at_abort.append(int(group._ranks[0, 0])), abort(why)))
+        group.finish(False)
+        assert status_at_abort and status_at_abort[0] != STATUS_FAILED, "FAILED was visible before the abort word"
+        assert int(group._ranks[0, 0]) == STATUS_FAILED and read_abort(mm)[:2] == (True, 0)
+    finally:
+        mm.close()
+        _shm.unlink_all(prefix)
+
+
 def test_early_exit_and_os_exit_are_reported():
     with pytest.raises(RankFailedError, match="rank 0 finished without reaching barrier"):
         spawn(exits_early, 2)
