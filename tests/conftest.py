@@ -37,8 +37,9 @@ def pytest_addoption(parser):
     parser.addoption("--compile-report", metavar="PATH", default=None,
                      help="write per test file: tests, seconds (setup + call + teardown), kernels built (rendered + "
                           "translated), entry functions compiled by numba and the seconds numba spent compiling "
-                          "each kernel, slowest first, and the kernels two test files built with constants that "
-                          "differ in at most two keys (near_duplicates), to PATH (JSON)")
+                          "each kernel, slowest first, the kernels two test files built with constants that "
+                          "differ in at most two keys (near_duplicates), and every build with its test (builds), to "
+                          "PATH (JSON)")
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -194,6 +195,7 @@ def _write_compile_report(path: str) -> None:
               "compile_seconds": round(sum(r["compile_seconds"] for _, r in rows), 1),
               "files": [{"file": f, **{k: round(v, 1) if isinstance(v, float) else v for k, v in r.items()}}
                         for f, r in rows],
-              "near_duplicates": near_duplicates(_all_builds)}
+              "near_duplicates": near_duplicates(_all_builds),
+              "builds": _all_builds}
     with open(path, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)
