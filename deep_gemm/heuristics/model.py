@@ -63,7 +63,9 @@ copies mostly waited on ("hbm" or "l2" share, "latency" with too few bytes in fl
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..arch import ArchSpec
 from .config import (
@@ -140,12 +142,13 @@ class MemoryFigures:
     fixpipe_elems_per_cycle: int = 64
     enabled: bool = True
 
-    @property
+    # NOTES: cached (per instance; replace() makes a new one): the model reads them for every config it costs.
+    @functools.cached_property
     def copy_issue_s(self) -> float:
         """Issue cost of one DataCopy (s): 128 B copies on 64 AIVs at 0.34 TB/s."""
         return self.small_copy_cores * self.small_copy_bytes / self.small_copy_chip_bytes_per_s
 
-    @property
+    @functools.cached_property
     def gm_latency_s(self) -> float:
         """Loaded GM -> L1 latency (s): the 8 KB ND2NZ copy time per core less its issue."""
         return max(0.0, self.nd2nz_cores * self.nd2nz_copy_bytes / self.nd2nz_chip_bytes_per_s - self.copy_issue_s)
@@ -241,17 +244,34 @@ def _copy_s(links: _Links, nbytes: float, rows: float, hbm_frac: float,
     if nbytes <= 0:
         return 0.0, 0.0, 0.0, "mte2"
     f = links.figures
-    row_bytes = nbytes / max(rows, 1.0)
-    stream = nbytes * (f.row_factor(row_bytes) if f.enabled else 1.0) / links.stream_bytes_per_s
+    factor = 1.0
+    if f.enabled:
+        row_bytes = nbytes / max(rows, 1.0)
+        if row_bytes < f.gm_request_bytes:  # whole 512 B requests stream at the full rate (row_factor's 1.0)
+            factor = f.row_factor(row_bytes)
+    stream = nbytes * factor / links.stream_bytes_per_s
     hbm = nbytes * hbm_frac / links.hbm_share
     l2 = nbytes * (1.0 - hbm_frac) / links.l2_share
     inflight = nbytes * links.latency_s / links.inflight_bytes
-    limits = {"mte2": stream, "hbm": hbm + l2 if hbm >= l2 else 0.0, "l2": hbm + l2 if l2 > hbm else 0.0,
-              "latency": inflight * slow}
-    limiter = max(limits, key=limits.__getitem__)
-    t = links.issue_s + limits[limiter]
-    loss = t - (links.issue_s + max(stream, hbm + l2, inflight))
-    return t, links.issue_s + max(0.0, inflight - max(stream, hbm + l2)), loss, limiter
+    shared = hbm + l2
+    # NOTES: the hot path of the config search (a few copies per tile of every config). The limits "mte2", "hbm",
+    # "l2", "latency" are compared in that order, a later one winning only when strictly larger (as max() picks
+    # the first maximum), without building a dict or calling max().
+    limiter, limit = "mte2", stream
+    if hbm >= l2:
+        if shared > limit:
+            limiter, limit = "hbm", shared
+    elif shared > limit:
+        limiter, limit = "l2", shared
+    waiting = inflight * slow
+    if waiting > limit:
+        limiter, limit = "latency", waiting
+    issue = links.issue_s
+    t = issue + limit
+    busiest = shared if shared > stream else stream  # max(stream, hbm + l2)
+    loss = t - (issue + (inflight if inflight > busiest else busiest))
+    exposed = inflight - busiest
+    return t, issue + (exposed if exposed > 0.0 else 0.0), loss, limiter
 
 
 @dataclass(frozen=True)
@@ -297,21 +317,19 @@ def round_up(x: int, a: int) -> int:
     return -(-x // a) * a
 
 
-def _tile_costs(desc: GemmDesc, c: GemmConfig, arch: ArchSpec, tm: int, tn: int, depth: int,
+def _tile_costs(desc: GemmDesc, c: GemmConfig, arch: ArchSpec, tm: int, tn: int, layout: _Layout,
                 a_resident: bool, links: _Links) -> tuple[dict[str, float], float, float, float, dict[str, float]]:
-    """Per-core pipe cycles of one tm x tn tile over K = ``depth``, the bytes it reads GM -> L1 (via L2), and of
+    """Per-core pipe cycles of one tm x tn tile over the region's K, the bytes it reads GM -> L1 (via L2), and of
     its MTE2 seconds the copy overhead, the same-address loss and the split by what limits each copy."""
-    a_bits, b_bits = cube_operand_bits(desc)  # as in L1 / L0
-    cdt = cube_dtype(desc.a_dtype, desc.b_dtype)
-    c0 = arch.c0_bytes * 8 // DTYPE_BITS[cdt]
-    kpad = round_up(depth, k_alignment(desc))
+    kpad, a_bits, b_bits = layout.kpad, layout.a_bits, layout.b_bits  # bits as in L1 / L0
+    c0 = layout.c0
     fm = arch.frac_mn
 
     # Cube: fractal-aligned work (16 x 16 x C0 per cycle), never less than the MADs' issue floor.
     m_mads, n_mads = -(-tm // c.mad_m), -(-tn // c.mad_n)
     k_mads = max(1, c.block_k // c.mad_k)  # MADs per K-block
     num_mads = m_mads * n_mads * -(-kpad // c.mad_k)
-    cube = max(-(-tm // fm) * -(-tn // fm) * -(-kpad // c0), num_mads * MAD_ISSUE_CYCLES[cdt])
+    cube = max(-(-tm // fm) * -(-tn // fm) * -(-kpad // c0), num_mads * layout.mad_issue_cycles)
 
     # MTE1 (L1 -> L0): an A (B) slice is reloaded per N-MAD (M-MAD) only when it cannot stay in its 2 L0 slots.
     a_loads = 1 if (k_mads <= 2 or n_mads == 1) else n_mads
@@ -355,29 +373,34 @@ def _mte2_s(desc: GemmDesc, c: GemmConfig, tm: int, tn: int, kpad: int, a_reside
     a_bytes, b_bytes = DTYPE_BITS[desc.a_dtype] / 8, DTYPE_BITS[desc.b_dtype] / 8
     k_steps = -(-kpad // c.block_k)
     last_k = kpad - (k_steps - 1) * c.block_k
-    total = [0.0, 0.0, 0.0]
-    by_limit: dict[str, float] = {}
-
-    def add(count: float, nbytes: float, rows: float, hbm_frac: float, slow: float) -> None:
-        t, overhead, loss, limit = _copy_s(links, nbytes, rows, hbm_frac, slow)
-        total[0] += count * t
-        total[1] += count * overhead
-        total[2] += count * loss
-        by_limit[limit] = by_limit.get(limit, 0.0) + count * t
-
+    copies = []  # (count, _copy_s of one copy), in the order the in-order MTE2 issues them
+    step = None  # the A (None when resident) and B copies of one BLOCK_K step
     for count, kk in ((k_steps - 1, c.block_k), (1, last_k)):
         if not count:
             continue
+        if step is None or kk != c.block_k:  # NOTES: when BLOCK_K divides K the last step repeats the same copies
+            a_copy = None if a_resident else _copy_s(links, tm * kk * a_bytes, kk if desc.major_a == "mn" else tm,
+                                                     links.hbm_frac_a, links.slow_a)
+            b_copy = _copy_s(links, tn * kk * b_bytes, kk if desc.major_b == "mn" else tn, links.hbm_frac_b,
+                             links.slow_b)
+            step = (a_copy, b_copy)
         if not a_resident:
-            add(count, tm * kk * a_bytes, kk if desc.major_a == "mn" else tm, links.hbm_frac_a, links.slow_a)
-        add(count, tn * kk * b_bytes, kk if desc.major_b == "mn" else tn, links.hbm_frac_b, links.slow_b)
+            copies.append((count, step[0]))
+        copies.append((count, step[1]))
     if desc.has_sf:
         chunks = -(-k_steps // max(1, c.sf_k_blocks))
         sf_rows = kpad / 64 / chunks  # int16 columns per chunk, each a row of 2 * MN bytes
         if not a_resident:
-            add(chunks, tm * kpad / 32 / chunks, sf_rows, links.hbm_frac_a, links.slow_a)
-        add(chunks, tn * kpad / 32 / chunks, sf_rows, links.hbm_frac_b, links.slow_b)
-    return total[0], total[1], total[2], by_limit
+            copies.append((chunks, _copy_s(links, tm * kpad / 32 / chunks, sf_rows, links.hbm_frac_a, links.slow_a)))
+        copies.append((chunks, _copy_s(links, tn * kpad / 32 / chunks, sf_rows, links.hbm_frac_b, links.slow_b)))
+    time_s = overhead_s = loss_s = 0.0
+    by_limit: dict[str, float] = {}
+    for count, (t, overhead, loss, limit) in copies:
+        time_s += count * t
+        overhead_s += count * overhead
+        loss_s += count * loss
+        by_limit[limit] = by_limit.get(limit, 0.0) + count * t
+    return time_s, overhead_s, loss_s, by_limit
 
 
 def keeps_a_resident(desc: GemmDesc, config: GemmConfig, arch: ArchSpec) -> bool:
@@ -386,44 +409,75 @@ def keeps_a_resident(desc: GemmDesc, config: GemmConfig, arch: ArchSpec) -> bool
 
     NOTES: loading the panel sits between pipe barriers (not overlapped); without reuse it only costs time.
     """
+    if config.path != "stream":
+        return False
     r = regions(desc)
     num_n_blocks = -(-r.cols // config.block_n)
-    return (config.path == "stream" and num_n_blocks > config.num_ai_cores
-            and stream_l1_bytes(desc, config, r.depth) <= arch.l1_bytes)
+    return num_n_blocks > config.num_ai_cores and stream_l1_bytes(desc, config, r.depth) <= arch.l1_bytes
 
 
-def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec,
-               figures: MemoryFigures = MEMORY_FIGURES) -> GemmCost:
-    """Modelled chip time of ``desc`` run with ``config`` on ``arch`` (the module docstring lists every term).
+class _Layout(NamedTuple):
+    """The terms of ``model_gemm`` that depend on the problem and the block shape only (see ``_block_layout``)."""
 
-    ``figures``: the sourced memory-system figures (``ROOFLINE_FIGURES`` switches the latency-regime terms off).
-    """
-    c = config
+    r: Region
+    kpad: int  # K rounded up to the K granule
+    a_bits: int  # bits per element of A (B) in L1 and L0 (cube_operand_bits)
+    b_bits: int
+    c0: int  # K elements of one Cube fractal row
+    mad_issue_cycles: int  # MAD_ISSUE_CYCLES of the pair's Cube dtype
+    a_bytes: float  # bytes per element of A (B) in GM
+    b_bytes: float
+    out_bytes: int
+    sf_row: float  # scale bytes per operand row
+    mb: int  # M-blocks (N-blocks) of one region
+    nb: int
+    tail_m: int  # the last M-block's (N-block's) rows, fractal-aligned
+    tail_n: int
+    kinds: tuple[tuple[int, int, int], ...]  # (tile rows, tile cols, count over every region) of each tile size
+    num_tiles: int
+    active: int  # cores with a tile in the first wave
+    group_m: int  # M-blocks of a swizzle super-row (1: row-major)
+    hbm_bytes: float
+    hbm_s: float
+    hbm_frac_a: float  # fraction of A's (B's) GM -> L1 bytes that come from HBM rather than L2
+    hbm_frac_b: float
+    sharers_a: int  # cores that read the same A (B) block at once
+    sharers_b: int
+
+
+# NOTES: the config search costs every BLOCK_K, MAD split and L1 depth of a block shape (~10-20 configs); these
+# terms do not depend on them, so they are computed once per block shape (the inputs are frozen dataclasses).
+@functools.lru_cache(maxsize=1 << 14)
+def _block_layout(desc: GemmDesc, arch: ArchSpec, block_m: int, block_n: int, cores: int, path: str,
+                  swizzle_group_m: int, a_resident: bool) -> _Layout:
+    """Tile grid, HBM traffic and per-core GM -> L1 sharing of ``desc`` in ``block_m`` x ``block_n`` tiles on
+    ``cores`` cores (``path``, ``swizzle_group_m``: the tile order; ``a_resident``: ``keeps_a_resident``)."""
     r = regions(desc)
-    cores = c.num_ai_cores
-    clock = arch.clock_hz
     a_bytes, b_bytes = DTYPE_BITS[desc.a_dtype] / 8, DTYPE_BITS[desc.b_dtype] / 8  # in GM
     out_bytes = OUT_DTYPE_BYTES[desc.out_dtype]
     kpad = round_up(r.depth, k_alignment(desc))
     sf_row = kpad / 32 if desc.has_sf else 0.0  # scale bytes per operand row
+    cdt = cube_dtype(desc.a_dtype, desc.b_dtype)
 
     # Tiles of one region: full tiles plus the last M-block row and N-block column, fractal-aligned.
-    mb, nb = -(-r.rows // c.block_m), -(-r.cols // c.block_n)
-    tail_m = c.block_m if r.full_m_tiles else round_up(r.rows - (mb - 1) * c.block_m, arch.frac_mn)
-    tail_n = round_up(r.cols - (nb - 1) * c.block_n, arch.frac_mn)
+    mb, nb = -(-r.rows // block_m), -(-r.cols // block_n)
+    tail_m = block_m if r.full_m_tiles else round_up(r.rows - (mb - 1) * block_m, arch.frac_mn)
+    tail_n = round_up(r.cols - (nb - 1) * block_n, arch.frac_mn)
     tiles_per_region = mb * nb
     num_tiles = tiles_per_region * r.count
-    a_resident = keeps_a_resident(desc, c, arch)
     active = min(cores, num_tiles)
+    kinds = tuple((tm, tn, count * r.count) for tm, tn, count in (
+        (block_m, block_n, (mb - 1) * (nb - 1)), (tail_m, block_n, nb - 1), (block_m, tail_n, mb - 1),
+        (tail_m, tail_n, 1)) if count)
 
     # HBM (cold L2): A, B and scales once, B again when it does not fit L2 beside a super-row of A (the snake
     # order keeps the most recent part of B hot for the next super-row), D out (and C in when accumulating).
     # NOTES: the stream path walks tiles row-major; the cube path swizzles once there are group_m M-blocks.
-    group_m = c.swizzle_group_m if mb >= c.swizzle_group_m and c.path == "cube" else 1
+    group_m = swizzle_group_m if mb >= swizzle_group_m and path == "cube" else 1
     super_rows = -(-mb // group_m)
     a_region = r.rows * (kpad * a_bytes + sf_row)
     b_region = r.cols * (kpad * b_bytes + sf_row)
-    a_super_row = min(r.rows, group_m * c.block_m) * (kpad * a_bytes + sf_row)
+    a_super_row = min(r.rows, group_m * block_m) * (kpad * a_bytes + sf_row)
     b_miss = max(0.0, 1.0 - max(0.0, arch.l2_bytes - a_super_row) / b_region)
     b_hbm = b_region * (1.0 + (super_rows - 1) * b_miss)
     d_region = r.rows * r.cols * out_bytes * (2 if desc.with_accumulation else 1)
@@ -438,20 +492,62 @@ def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec,
     # NOTES: a wave's HBM bytes are the kernel's spread over its waves; the rest of the wave's loads hit L2.
     wave_slots = -(-num_tiles // cores) * active
     if a_resident:
-        a_reads = r.count * mb * min(cores, nb) * min(c.block_m, r.rows) * (kpad * a_bytes + sf_row)
+        a_reads = r.count * mb * min(cores, nb) * min(block_m, r.rows) * (kpad * a_bytes + sf_row)
     else:
-        a_reads = wave_slots * c.block_m * (kpad * a_bytes + sf_row)
-    b_reads = wave_slots * c.block_n * (kpad * b_bytes + sf_row)
+        a_reads = wave_slots * block_m * (kpad * a_bytes + sf_row)
+    b_reads = wave_slots * block_n * (kpad * b_bytes + sf_row)
     hbm_frac_a = min(1.0, r.count * a_region / a_reads)
     hbm_frac_b = min(1.0, r.count * b_hbm / b_reads)
     sharers_a, sharers_b = min(active, nb), min(mb, -(-active // nb))
     if group_m > 1:  # NOTES: the larger of both orders, so that the switch to the swizzle never speeds a bigger problem
         sharers_a = max(sharers_a, min(max(cores // group_m, 1), nb))
         sharers_b = max(sharers_b, min(group_m, mb))
+    return _Layout(r, kpad, *cube_operand_bits(desc), arch.c0_bytes * 8 // DTYPE_BITS[cdt], MAD_ISSUE_CYCLES[cdt],
+                   a_bytes, b_bytes, out_bytes, sf_row, mb, nb, tail_m, tail_n, kinds, num_tiles, active, group_m,
+                   hbm_bytes, hbm_s, hbm_frac_a, hbm_frac_b, sharers_a, sharers_b)
+
+
+def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec,
+               figures: MemoryFigures = MEMORY_FIGURES) -> GemmCost:
+    """Modelled chip time of ``desc`` run with ``config`` on ``arch`` (the module docstring lists every term).
+
+    ``figures``: the sourced memory-system figures (``ROOFLINE_FIGURES`` switches the latency-regime terms off).
+    """
+    return _gemm_cost(desc, _model_terms(desc, config, arch, figures))
+
+
+class _Terms(NamedTuple):
+    """A config's modelled time and the parts ``_gemm_cost`` turns into a ``GemmCost`` (see ``_model_terms``)."""
+
+    time_s: float
+    pipe_s: dict[str, float]  # the busiest core's busy time per pipe
+    l2_s: float
+    hbm_s: float
+    fill_s: float  # fill + drain
+    mte2_by_limit: dict[str, float]  # the busiest core's MTE2 time by what limits each copy
+    num_tiles: int
+    num_waves: int
+    l2_bytes: float
+    hbm_bytes: float
+    overhead_s: float  # copy overhead and same-address loss of the busiest core's MTE2 time
+    same_s: float
+    active: int
+
+
+def _model_terms(desc: GemmDesc, config: GemmConfig, arch: ArchSpec,
+                 figures: MemoryFigures = MEMORY_FIGURES) -> _Terms:
+    """``model_gemm`` up to its time: what the config search ranks configs by, without naming the bound or
+    building a ``GemmCost`` for every config it tries (``_gemm_cost`` does that for the one it keeps)."""
+    c = config
+    cores = c.num_ai_cores
+    clock = arch.clock_hz
+    a_resident = keeps_a_resident(desc, c, arch)
+    layout = _block_layout(desc, arch, c.block_m, c.block_n, cores, c.path, c.swizzle_group_m, a_resident)
+    (r, kpad, a_bits, b_bits, _, _, a_bytes, b_bytes, out_bytes, sf_row, mb, nb, tail_m, tail_n, tile_kinds,
+     num_tiles, active, group_m, hbm_bytes, hbm_s, hbm_frac_a, hbm_frac_b, sharers_a, sharers_b) = layout
     f = figures
     if f.enabled:
-        a_l1_bits, b_l1_bits = cube_operand_bits(desc)
-        stage = c.block_k * ((0 if a_resident else c.block_m * a_l1_bits) + c.block_n * b_l1_bits) / 8
+        stage = c.block_k * ((0 if a_resident else c.block_m * a_bits) + c.block_n * b_bits) / 8
         links = _Links(f.mte2_bytes_per_s(arch), max(1, c.num_l1_stages - 1) * stage,
                        arch.hbm_bytes_per_s / active, arch.l2_bytes_per_s / active, f.gm_latency_s, f.copy_issue_s,
                        hbm_frac_a, hbm_frac_b,
@@ -461,14 +557,21 @@ def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec,
         links = _Links(arch.gm_to_l1_bytes_per_cycle * clock, inf, inf, inf, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, f)
     stream = links.stream_bytes_per_s
 
-    kinds = []  # (core cycles = slowest pipe, pipe cycles, GM bytes, count, copy overhead s, same-address s)
-    for tm, tn, count in ((c.block_m, c.block_n, (mb - 1) * (nb - 1)), (tail_m, c.block_n, nb - 1),
-                          (c.block_m, tail_n, mb - 1), (tail_m, tail_n, 1)):
-        if count:
-            pipes, gm, overhead, same, by_limit = _tile_costs(desc, c, arch, tm, tn, r.depth, a_resident, links)
-            kinds.append((max(pipes.values()), pipes, gm, count * r.count, overhead, same, by_limit))
+    # (core cycles = slowest pipe, pipe cycles, GM bytes, count, copy overhead s, same-address s, MTE2 by limit,
+    # core cycles without MTE2)
+    kinds = []
+    # NOTES: without an M (N) tail the four kinds share tile sizes; each size is costed once (the costs are pure).
+    costed: dict[tuple[int, int], tuple] = {}
+    for tm, tn, count in tile_kinds:
+        costs = costed.get((tm, tn))
+        if costs is None:
+            pipes, gm, overhead, same, by_limit = _tile_costs(desc, c, arch, tm, tn, layout, a_resident, links)
+            others = max(pipes["cube"], pipes["mte1"], pipes["fixpipe"], pipes["vector"])  # all but MTE2
+            costs = costed[tm, tn] = (max(pipes.values()), pipes, gm, overhead, same, by_limit, others)
+        cycles, pipes, gm, overhead, same, by_limit, others = costs
+        kinds.append((cycles, pipes, gm, count, overhead, same, by_limit, others))
     kinds.sort(key=lambda kind: -kind[0])
-    l2_bytes = sum(kind[2] * kind[3] for kind in kinds)
+    l2_bytes = sum([kind[2] * kind[3] for kind in kinds])
 
     # Waves over the AI cores. The busiest core runs ceil(tiles / P) tiles and is taken to draw the heaviest
     # ones: exact when tails are few (the static round-robin order gives some core only full tiles), an upper
@@ -482,14 +585,14 @@ def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec,
     overhead_s = same_s = 0.0
     mte2_by_limit: dict[str, float] = {}
     taken = 0
-    for cycles, pipes, gm, count, overhead, same, by_limit in kinds:  # heaviest first, until the busiest core is full
+    # Heaviest first, until the busiest core is full.
+    for cycles, pipes, gm, count, overhead, same, by_limit, others in kinds:
         take = min(count, num_waves - taken)
         full = max(0, min(take, full_waves - taken))  # of them, tiles that run in full waves
         for n_tiles, in_wave in ((full, cores), (take - full, tail)):
             if n_tiles:
                 wave_bytes = in_wave * gm
                 wave_time += n_tiles * max(cycles / clock, wave_bytes / arch.l2_bytes_per_s)
-                others = max(v for key, v in pipes.items() if key != "mte2")
                 compute_time += n_tiles * max(others / clock, wave_bytes / arch.l2_bytes_per_s)
         for key in _PIPES:
             pipe_s[key] += take * pipes[key] / clock
@@ -538,13 +641,12 @@ def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec,
     stage = first_m * row_bytes_a + first_n * row_bytes_b
     if f.enabled:
         # NOTES: the chip's HBM is the first_wave term; per core the first copies pay issue, latency and MTE2.
-        stage_s = sum(links.issue_s + links.latency_s + nbytes * f.row_factor(row) / stream
-                      for nbytes, row in ((first_m * row_bytes_a, row_bytes_a), (first_n * row_bytes_b, row_bytes_b)))
+        stage_s = (links.issue_s + links.latency_s + first_m * row_bytes_a * f.row_factor(row_bytes_a) / stream
+                   + (links.issue_s + links.latency_s + first_n * row_bytes_b * f.row_factor(row_bytes_b) / stream))
     else:
         stage_s = stage / stream
     fill_s = max(first_wave / arch.hbm_bytes_per_s, stage_s)
-    a_l0_bits, b_l0_bits = cube_operand_bits(desc)
-    l0_s = (min(c.mad_m, first_m) * a_l0_bits + min(c.mad_n, first_n) * b_l0_bits) / 8 * min(c.mad_k, first_k) / (
+    l0_s = (min(c.mad_m, first_m) * a_bits + min(c.mad_n, first_n) * b_bits) / 8 * min(c.mad_k, first_k) / (
         arch.l1_to_l0_bytes_per_cycle * clock)
     fill_s += l0_s
     last_mad = min(c.mad_m, first_m) * min(c.mad_n, first_n)
@@ -564,17 +666,23 @@ def model_gemm(desc: GemmDesc, config: GemmConfig, arch: ArchSpec,
     # NOTES: the fill's bytes are part of the HBM traffic, so an HBM-bound kernel does not pay for them twice.
     # Rounded to 1e-15 s: float summation order must not make a bigger problem one ulp faster.
     time_s = round(max(core_s, l2_bytes / arch.l2_bytes_per_s, hbm_s) + drain_s + LAUNCH_S, 15)
-    parts = dict(pipe_s, l2=l2_bytes / arch.l2_bytes_per_s, hbm=hbm_s)
-    bound = max(RESOURCES, key=lambda key: parts[key])
-    if bound == "mte2" and mte2_by_limit:
+    return _Terms(time_s, pipe_s, l2_bytes / arch.l2_bytes_per_s, hbm_s, fill_s + drain_s, mte2_by_limit, num_tiles,
+                  num_waves, l2_bytes, hbm_bytes, overhead_s, same_s, active)
+
+
+def _gemm_cost(desc: GemmDesc, t: _Terms) -> GemmCost:
+    """The ``GemmCost`` of a config's terms: each resource's time and the one that binds it."""
+    parts = dict(t.pipe_s, l2=t.l2_s, hbm=t.hbm_s)
+    busiest = bound = max(RESOURCES, key=parts.__getitem__)
+    if bound == "mte2" and t.mte2_by_limit:
         # MTE2 waiting on its share of HBM or L2, or on latency with too few bytes in flight: name that instead.
-        bound = max(mte2_by_limit, key=mte2_by_limit.__getitem__)
-    if fill_s + drain_s + LAUNCH_S > parts[max(RESOURCES, key=lambda key: parts[key])]:
+        bound = max(t.mte2_by_limit, key=t.mte2_by_limit.__getitem__)
+    if t.fill_s + LAUNCH_S > parts[busiest]:
         bound = "latency"
     return GemmCost(
-        time_s=time_s, cube_s=parts["cube"], mte1_s=parts["mte1"], mte2_s=parts["mte2"],
-        fixpipe_s=parts["fixpipe"], vector_s=parts["vector"], l2_s=parts["l2"], hbm_s=hbm_s,
-        fill_s=fill_s + drain_s, launch_s=LAUNCH_S, bound=bound, num_tiles=num_tiles, num_waves=num_waves,
-        l2_bytes=int(round(l2_bytes)), hbm_bytes=int(round(hbm_bytes)), flops=useful_flops(desc),
-        copy_overhead_s=overhead_s, same_address_s=same_s, active_cores=active,
+        time_s=t.time_s, cube_s=parts["cube"], mte1_s=parts["mte1"], mte2_s=parts["mte2"],
+        fixpipe_s=parts["fixpipe"], vector_s=parts["vector"], l2_s=parts["l2"], hbm_s=t.hbm_s,
+        fill_s=t.fill_s, launch_s=LAUNCH_S, bound=bound, num_tiles=t.num_tiles, num_waves=t.num_waves,
+        l2_bytes=int(round(t.l2_bytes)), hbm_bytes=int(round(t.hbm_bytes)), flops=useful_flops(desc),
+        copy_overhead_s=t.overhead_s, same_address_s=t.same_s, active_cores=t.active,
     )

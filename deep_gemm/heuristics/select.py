@@ -25,7 +25,7 @@ from .config import (
     mn_alignment,
     stream_l1_bytes,
 )
-from .model import LAUNCH_S, GemmCost, model_gemm, regions, round_up
+from .model import LAUNCH_S, GemmCost, _gemm_cost, _model_terms, regions, round_up
 
 # NOTES: small-M (decode-like) problems take the "stream" path: row-major tiles, A resident in L1 when it is
 # reused, each B tile read once per M-block.
@@ -131,13 +131,22 @@ def _configs_cached(a_dtype: str, b_dtype: str, out_dtype: str, major_a: str, ma
     return tuple(out)
 
 
+@functools.lru_cache(maxsize=1 << 12)
+def _bound_terms(desc: GemmDesc, arch: ArchSpec) -> tuple:
+    """The terms of ``_lower_bound_s`` that do not depend on the blocks (it runs for every block pair)."""
+    r = regions(desc)
+    c0 = arch.c0_bytes * 8 // DTYPE_BITS[cube_dtype(desc.a_dtype, desc.b_dtype)]
+    a_bytes, b_bytes = DTYPE_BITS[desc.a_dtype] / 8, DTYPE_BITS[desc.b_dtype] / 8
+    hbm = r.count * (r.rows * r.depth * a_bytes + r.cols * r.depth * b_bytes)
+    return r, c0, a_bytes, b_bytes, hbm / arch.hbm_bytes_per_s
+
+
 def _lower_bound_s(desc: GemmDesc, arch: ArchSpec, block_m: int, block_n: int) -> float:
     """A lower bound of the modelled time of every config with these blocks: the busiest core's Cube work (the
     model gives it the heaviest ceil(tiles / P) tiles), the L2 reads and the HBM bytes, plus the launch."""
-    r = regions(desc)
+    r, c0, a_bytes, b_bytes, hbm_s = _bound_terms(desc, arch)
     fm = arch.frac_mn
     mb, nb = -(-r.rows // block_m), -(-r.cols // block_n)
-    c0 = arch.c0_bytes * 8 // DTYPE_BITS[cube_dtype(desc.a_dtype, desc.b_dtype)]
     tail_m = block_m if r.full_m_tiles else round_up(r.rows - (mb - 1) * block_m, fm)
     tail_n = round_up(r.cols - (nb - 1) * block_n, fm)
     waves = -(-(r.count * mb * nb) // desc.num_ai_cores)
@@ -148,12 +157,10 @@ def _lower_bound_s(desc: GemmDesc, arch: ArchSpec, block_m: int, block_n: int) -
         work += take * (tm // fm) * (tn // fm)
         waves -= take
     cube_s = work * -(-r.depth // c0) / arch.clock_hz
-    a_bytes, b_bytes = DTYPE_BITS[desc.a_dtype] / 8, DTYPE_BITS[desc.b_dtype] / 8
     cols = round_up(r.cols, fm)
     rows = mb * block_m if r.full_m_tiles else round_up(r.rows, fm)
     l2 = r.count * r.depth * (mb * cols * b_bytes + (0 if mb == 1 else nb * rows * a_bytes))
-    hbm = r.count * (r.rows * r.depth * a_bytes + r.cols * r.depth * b_bytes)
-    return max(cube_s, l2 / arch.l2_bytes_per_s, hbm / arch.hbm_bytes_per_s) + LAUNCH_S
+    return max(cube_s, l2 / arch.l2_bytes_per_s, hbm_s) + LAUNCH_S
 
 
 def candidate_configs(desc: GemmDesc, arch: ArchSpec) -> list[GemmConfig]:
@@ -201,16 +208,16 @@ def _best(desc: GemmDesc, arch: ArchSpec) -> tuple[GemmConfig, GemmCost]:
         if best is not None and bound > best[0][0]:
             break
         for config in _configs_for_blocks(desc, arch, block_m, block_n):
-            cost = model_gemm(desc, config, arch)
+            terms = _model_terms(desc, config, arch)  # model_gemm's time; its GemmCost only for the chosen config
             # NOTES: the exact minimum (any tolerance would break "a bigger problem is never faster"); exact ties
             # go to the larger tile and MAD, then the deeper L1 ring.
-            rank = (cost.time_s, -config.block_m * config.block_n, -config.mad_m * config.mad_n,
+            rank = (terms.time_s, -config.block_m * config.block_n, -config.mad_m * config.mad_n,
                     -config.num_l1_stages, -config.mad_k, config.block_k, config.block_m, config.mad_m)
             if best is None or rank < best[0]:
-                best = (rank, config, cost)
+                best = (rank, config, terms)
     if best is None:
         raise ValueError(f"no legal config for {desc} on {arch.name}")
-    return best[1], best[2]
+    return best[1], _gemm_cost(desc, best[2])
 
 
 def get_best_config(desc: GemmDesc, arch: ArchSpec) -> GemmConfig:
