@@ -124,6 +124,7 @@ def test_a_failing_rank_aborts_the_group_before_its_status_says_failed(monkeypat
         abort = group.abort
         monkeypatch.setattr(group, "abort", lambda why: (status_at_abort.append(int(group._ranks[0, 0])), abort(why)))
         group.finish(False)
+        group._beat.join()  # the heartbeat thread ends once the rank has finished
         assert status_at_abort and status_at_abort[0] != STATUS_FAILED, "FAILED was visible before the abort word"
         assert int(group._ranks[0, 0]) == STATUS_FAILED and read_abort(mm)[:2] == (True, 0)
     finally:
