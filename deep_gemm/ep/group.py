@@ -249,11 +249,16 @@ class ShmGroup(_GroupBase):
         pause = 2e-5
         while not ready():
             self.check(f"{what} ")
-            late = [p for p in range(self.num_ranks) if self._ranks[p, 2] < self._epoch]
-            done = [p for p in late if self._ranks[p, 0] == STATUS_DONE]
+            # NOTES: a peer's status before its epoch. A rank writes its last epoch before it says DONE, so an epoch
+            # read after DONE is final; read the other way round, the peer could arrive, pass this barrier (this
+            # rank is there already) and finish between the two reads, and be blamed for a barrier it reached (seen
+            # once: 8 ranks on 2 CPUs, "rank 0 finished without reaching barrier 33" with every rank ok).
+            done = [p for p in range(self.num_ranks)
+                    if self._ranks[p, 0] == STATUS_DONE and self._ranks[p, 2] < self._epoch]
             if done:
                 raise RankFailedError(f"rank {self.rank}: rank {done[0]} finished without reaching {what}", done[0])
             if time.monotonic() > deadline:
+                late = [p for p in range(self.num_ranks) if self._ranks[p, 2] < self._epoch]
                 message = f"rank {self.rank}: {what} timed out; ranks not arrived: {late}"
                 raise_abort(self._mm, self.rank, message)
                 raise RankFailedError(message, late[0] if late else -1)

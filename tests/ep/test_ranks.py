@@ -132,6 +132,58 @@ def test_a_failing_rank_aborts_the_group_before_its_status_says_failed(monkeypat
         _shm.unlink_all(prefix)
 
 
+class _PeerFinishesBetweenReads:
+    """rank 1's view of the control rows in which rank 0 arrives at the barrier, passes it and finishes right after
+    rank 1 first reads rank 0's epoch word (the reader gets the old word), or else before rank 1's second readiness
+    check (rank 0 merely late)."""
+
+    def __init__(self, ranks, status_done):
+        self.ranks, self.status_done, self.slices, self.arrived = ranks, status_done, 0, False
+
+    def _arrive(self):
+        if not self.arrived:
+            self.arrived = True
+            self.ranks[0, 2] = 1
+            self.ranks[0, 0] = self.status_done
+
+    def __getitem__(self, index):
+        value = self.ranks[index]
+        if index == (0, 2):
+            self._arrive()  # after the read: the reader holds rank 0's old epoch
+        elif isinstance(index, tuple) and isinstance(index[0], slice):
+            self.slices += 1
+            if self.slices == 2:
+                self._arrive()
+                value = self.ranks[index]
+        return value
+
+    def __setitem__(self, index, value):
+        self.ranks[index] = value
+
+
+def test_a_peer_that_passed_the_barrier_and_finished_is_not_blamed_for_it():
+    """Seen once (8 ranks on 2 CPUs): "rank 0 finished without reaching barrier 33" while every rank was ok. The
+    waiting rank read rank 0's epoch before rank 0 arrived and its DONE status after rank 0 had passed and finished."""
+    from deep_gemm.ep.group import STATUS_DONE, ShmGroup, control_nbytes, init_control
+
+    prefix = _shm.new_run_prefix()
+    mm = _shm.create(prefix + "control", control_nbytes(2))
+    groups = []
+    try:
+        init_control(mm, 2)
+        groups = [ShmGroup(prefix + "control", prefix, rank, 2, timeout=5.0) for rank in (0, 1)]
+        waiting = groups[1]
+        waiting._ranks = _PeerFinishesBetweenReads(waiting._ranks, STATUS_DONE)
+        waiting.barrier()  # rank 0 reached it: no RankFailedError
+        assert waiting._ranks.arrived
+    finally:
+        for group in groups:
+            group.finish(True)
+            group._beat.join()
+        mm.close()
+        _shm.unlink_all(prefix)
+
+
 def test_early_exit_and_os_exit_are_reported():
     with pytest.raises(RankFailedError, match="rank 0 finished without reaching barrier"):
         spawn(exits_early, 2)
