@@ -4,7 +4,6 @@ their own, and ``--compile-report PATH`` (where the suite's time and kernel comp
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import shutil
@@ -103,8 +102,6 @@ def _install_compile_timer() -> None:
                 constants = json.load(f).get("constants")
         except (OSError, ValueError, KeyError):
             constants = None
-        if isinstance(constants, str):
-            constants = ast.literal_eval(constants)
         _builds.append({"kernel": info.get("kernel"), "constants": constants})
 
     events.listen(on_event)
