@@ -223,16 +223,21 @@ class ShmGroup(_GroupBase):
 
     def check(self, waiting_for: str = "") -> None:
         """Raise ``RankFailedError`` if the group was aborted or a peer is known dead."""
+        # NOTES: the statuses before the abort word. A rank writes its abort word before its FAILED status (finish),
+        # so once a FAILED status is seen the word is set and names the rank that failed first. Read the other way
+        # round, a peer that failed only because of that rank could be the first FAILED found and take the blame.
+        statuses = [int(self._ranks[peer, 0]) for peer in range(self.num_ranks)]
         aborted, failed, reason = read_abort(self._mm)
         if aborted:
             raise RankFailedError(f"rank {self.rank}: aborting {waiting_for}because {reason}", failed)
+        if STATUS_FAILED in statuses:
+            peer = statuses.index(STATUS_FAILED)
+            raise RankFailedError(f"rank {self.rank}: rank {peer} failed", peer)
         if self._parent_pid is not None and not _alive(self._parent_pid):
             raise RankFailedError(f"rank {self.rank}: the launching process exited", -1)
         now = time.monotonic_ns()
-        for peer in range(self.num_ranks):
-            status, beat = int(self._ranks[peer, 0]), int(self._ranks[peer, 1])
-            if status == STATUS_FAILED:
-                raise RankFailedError(f"rank {self.rank}: rank {peer} failed", peer)
+        for peer, status in enumerate(statuses):
+            beat = int(self._ranks[peer, 1])
             if status == STATUS_RUNNING and peer != self.rank and now - beat > HEARTBEAT_TIMEOUT * 1e9:
                 raise RankFailedError(f"rank {self.rank}: rank {peer} stopped beating for {HEARTBEAT_TIMEOUT} s", peer)
 
@@ -259,6 +264,8 @@ class ShmGroup(_GroupBase):
                 raise RankFailedError(f"rank {self.rank}: rank {done[0]} finished without reaching {what}", done[0])
             if time.monotonic() > deadline:
                 late = [p for p in range(self.num_ranks) if self._ranks[p, 2] < self._epoch]
+                if not late:
+                    continue  # the last of them arrived after ready() was read
                 message = f"rank {self.rank}: {what} timed out; ranks not arrived: {late}"
                 raise_abort(self._mm, self.rank, message)
                 raise RankFailedError(message, late[0] if late else -1)

@@ -184,6 +184,49 @@ def test_a_peer_that_passed_the_barrier_and_finished_is_not_blamed_for_it():
         _shm.unlink_all(prefix)
 
 
+class _PeersFailAfterRead:
+    """A rank's view of the control rows in which, right after it first reads ``index``, rank 1 fails and then rank 2
+    fails because of it (both through finish(False), as the bootstrap does)."""
+
+    def __init__(self, ranks, index, fail):
+        self.ranks, self.index, self.fail, self.fired = ranks, index, fail, False
+
+    def __getitem__(self, index):
+        value = self.ranks[index]
+        if index == self.index and not self.fired:
+            self.fired = True
+            self.fail()
+        return value
+
+    def __setitem__(self, index, value):
+        self.ranks[index] = value
+
+
+def test_a_check_during_a_cascade_blames_the_rank_that_failed_first():
+    """Rank 0 checks the group while rank 1 fails and rank 2 fails in turn: rank 0 read rank 1's status before it
+    failed and rank 2's after. It must still blame rank 1 (the abort word), not the first FAILED status it saw."""
+    from deep_gemm.ep.group import ShmGroup, control_nbytes, init_control
+
+    prefix = _shm.new_run_prefix()
+    mm = _shm.create(prefix + "control", control_nbytes(3))
+    groups = []
+    try:
+        init_control(mm, 3)
+        groups = [ShmGroup(prefix + "control", prefix, rank, 3) for rank in range(3)]
+        checker = groups[0]
+        checker._ranks = _PeersFailAfterRead(checker._ranks, (1, 0),
+                                             lambda: (groups[1].finish(False), groups[2].finish(False)))
+        with pytest.raises(RankFailedError) as info:
+            checker.check()
+        assert checker._ranks.fired and info.value.failed_rank == 1, str(info.value)
+    finally:
+        for group in groups:
+            group.finish(True)
+            group._beat.join()
+        mm.close()
+        _shm.unlink_all(prefix)
+
+
 def test_early_exit_and_os_exit_are_reported():
     with pytest.raises(RankFailedError, match="rank 0 finished without reaching barrier"):
         spawn(exits_early, 2)
