@@ -167,6 +167,31 @@ def test_mixed_and_sync_all_translate_errors(case):
 BOOKKEEPING_CALLS = {"cross_core_set", "cross_core_try_wait", "ub_tensor", "SetFlag", "WaitFlag", "PipeBarrier"}
 
 
+def test_sub_core_generators_are_not_cached_on_disk():
+    """numba cannot lower a call to a generator it loaded from its disk cache: a process that found a sub-core's cache
+    entry but not its caller's (another process compiling the same kernel, or an interrupted compile) raised KeyError
+    on every call until the cache was cleared. Generators compile with their caller; the callers stay cached."""
+    import ast
+
+    from deep_gemm.jit.render import render
+    from deep_gemm.jit.translate import translate
+
+    desc = GemmDesc(m=100, n=96, k=80, a_dtype="bf16", b_dtype="bf16", out_dtype="fp32", num_ai_cores=CORES)
+    constants = gemm_constants(desc, GemmConfig(num_ai_cores=CORES, **CONFIG), "nk", resident_a=False)
+    constants.update(NUM_UB_STAGES=2, UB_BYTES=UB_BYTES)
+    python = translate(render("examples/mixed_relu", constants), template="examples/mixed_relu",
+                       constants=constants).python
+    functions = [f for f in ast.parse(python).body if isinstance(f, ast.FunctionDef)]
+
+    def cached(f):
+        return any(isinstance(d, ast.Call) and any(k.arg == "cache" and getattr(k.value, "value", False)
+                                                   for k in d.keywords) for d in f.decorator_list)
+
+    generators = [f for f in functions if any(isinstance(n, ast.Yield) for n in ast.walk(f))]
+    assert generators and not [f.name for f in generators if cached(f)]
+    assert [f.name for f in functions if cached(f)]  # the cores and the launch entries are
+
+
 def test_bookkeeping_calls_pass_constants_as_int64_values():
     """A flag id, a line number or a UB offset that is a compile-time constant reaches the sync, cross-core and UB
     functions as np.int64(...), which numba types as int64, not as a literal: one compiled overload per function

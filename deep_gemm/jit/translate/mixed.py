@@ -337,7 +337,12 @@ class MixedKernels:
 
     def emit_subcore(self, sig, node: Node, stmts: list[Node], suffix: str, params: list[str]) -> None:
         self.emit("", None)
-        self.emit("@njit(cache=True)", node)
+        # NOTES: the sub-core generator is not cached on disk. numba lowers a call to a generator only with the
+        # generator compiled in the same process: loaded from its cache, a caller that still has to compile fails
+        # (KeyError naming the generator type). A process that found the generator's cache entry but not its
+        # caller's (another process still compiling the same kernel, or a compile interrupted between the two
+        # writes) failed that way, every time. Cached callers carry the generator's code, so nothing is lost.
+        self.emit("@njit", node)
         self.emit(f"def _{sig.name}_subcore{suffix}({', '.join(['_block_idx', SUB, CROSS, CHECK, *params])}):",
                   node)
         self.emit_body(stmts, node)
