@@ -342,7 +342,7 @@ class MixedKernels:
         # (KeyError naming the generator type). A process that found the generator's cache entry but not its
         # caller's (another process still compiling the same kernel, or a compile interrupted between the two
         # writes) failed that way, every time. Cached callers carry the generator's code, so nothing is lost.
-        self.emit("@njit", node)
+        self.emit("@njit(cache=False)", node)
         self.emit(f"def _{sig.name}_subcore{suffix}({', '.join(['_block_idx', SUB, CROSS, CHECK, *params])}):",
                   node)
         self.emit_body(stmts, node)
