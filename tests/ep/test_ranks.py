@@ -4,6 +4,7 @@ end every rank with a clear RankFailedError, and no /dev/shm segment of the run 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -109,27 +110,41 @@ def test_exception_in_one_rank_propagates():
     check_the_others_failed_clearly(err, 1, 3, t0)
 
 
+@contextlib.contextmanager
+def _ranks_in_this_process(num_ranks: int, **kwargs):
+    """Every rank of a ``num_ranks`` ShmGroup, in this process (their control segment and heartbeat threads), for
+    tests that set the order of the ranks' reads and writes; each rank still running finishes ok at the end."""
+    from deep_gemm.ep.group import ShmGroup, control_nbytes, init_control
+
+    prefix = _shm.new_run_prefix()
+    mm = _shm.create(prefix + "control", control_nbytes(num_ranks))
+    groups = []
+    try:
+        init_control(mm, num_ranks)
+        groups = [ShmGroup(prefix + "control", prefix, rank, num_ranks, **kwargs) for rank in range(num_ranks)]
+        yield mm, groups
+    finally:
+        for group in groups:
+            if not group._closed:
+                group.finish(True)
+            group._beat.join()  # the heartbeat thread ends once its rank has finished
+        mm.close()
+        _shm.unlink_all(prefix)
+
+
 def test_a_failing_rank_aborts_the_group_before_its_status_says_failed(monkeypatch):
     """A peer that sees a FAILED status must find the abort word already naming that rank: else the peer's own abort
     (it fails in turn) wins the word and the run blames the peer (seen once under load in
     test_exception_in_one_rank_propagates: "rank 2 of 3 failed" for rank 1's KeyError)."""
-    from deep_gemm.ep.group import STATUS_FAILED, ShmGroup, control_nbytes, init_control, read_abort
+    from deep_gemm.ep.group import STATUS_FAILED, read_abort
 
-    prefix = _shm.new_run_prefix()
-    mm = _shm.create(prefix + "control", control_nbytes(2))
-    try:
-        init_control(mm, 2)
-        group = ShmGroup(prefix + "control", prefix, 0, 2)  # rank 0 of 2, in this process
+    with _ranks_in_this_process(2) as (mm, (group, _)):
         status_at_abort = []
         abort = group.abort
         monkeypatch.setattr(group, "abort", lambda why: (status_at_abort.append(int(group._ranks[0, 0])), abort(why)))
         group.finish(False)
-        group._beat.join()  # the heartbeat thread ends once the rank has finished
         assert status_at_abort and status_at_abort[0] != STATUS_FAILED, "FAILED was visible before the abort word"
         assert int(group._ranks[0, 0]) == STATUS_FAILED and read_abort(mm)[:2] == (True, 0)
-    finally:
-        mm.close()
-        _shm.unlink_all(prefix)
 
 
 class _PeerFinishesBetweenReads:
@@ -164,24 +179,12 @@ class _PeerFinishesBetweenReads:
 def test_a_peer_that_passed_the_barrier_and_finished_is_not_blamed_for_it():
     """Seen once (8 ranks on 2 CPUs): "rank 0 finished without reaching barrier 33" while every rank was ok. The
     waiting rank read rank 0's epoch before rank 0 arrived and its DONE status after rank 0 had passed and finished."""
-    from deep_gemm.ep.group import STATUS_DONE, ShmGroup, control_nbytes, init_control
+    from deep_gemm.ep.group import STATUS_DONE
 
-    prefix = _shm.new_run_prefix()
-    mm = _shm.create(prefix + "control", control_nbytes(2))
-    groups = []
-    try:
-        init_control(mm, 2)
-        groups = [ShmGroup(prefix + "control", prefix, rank, 2, timeout=5.0) for rank in (0, 1)]
-        waiting = groups[1]
+    with _ranks_in_this_process(2, timeout=5.0) as (_, (_, waiting)):
         waiting._ranks = _PeerFinishesBetweenReads(waiting._ranks, STATUS_DONE)
         waiting.barrier()  # rank 0 reached it: no RankFailedError
         assert waiting._ranks.arrived
-    finally:
-        for group in groups:
-            group.finish(True)
-            group._beat.join()
-        mm.close()
-        _shm.unlink_all(prefix)
 
 
 class _PeersFailAfterRead:
@@ -205,26 +208,13 @@ class _PeersFailAfterRead:
 def test_a_check_during_a_cascade_blames_the_rank_that_failed_first():
     """Rank 0 checks the group while rank 1 fails and rank 2 fails in turn: rank 0 read rank 1's status before it
     failed and rank 2's after. It must still blame rank 1 (the abort word), not the first FAILED status it saw."""
-    from deep_gemm.ep.group import ShmGroup, control_nbytes, init_control
-
-    prefix = _shm.new_run_prefix()
-    mm = _shm.create(prefix + "control", control_nbytes(3))
-    groups = []
-    try:
-        init_control(mm, 3)
-        groups = [ShmGroup(prefix + "control", prefix, rank, 3) for rank in range(3)]
+    with _ranks_in_this_process(3) as (_, groups):
         checker = groups[0]
         checker._ranks = _PeersFailAfterRead(checker._ranks, (1, 0),
                                              lambda: (groups[1].finish(False), groups[2].finish(False)))
         with pytest.raises(RankFailedError) as info:
             checker.check()
         assert checker._ranks.fired and info.value.failed_rank == 1, str(info.value)
-    finally:
-        for group in groups:
-            group.finish(True)
-            group._beat.join()
-        mm.close()
-        _shm.unlink_all(prefix)
 
 
 def test_early_exit_and_os_exit_are_reported():
