@@ -268,7 +268,7 @@ class ShmGroup(_GroupBase):
                     continue  # the last of them arrived after ready() was read
                 message = f"rank {self.rank}: {what} timed out; ranks not arrived: {late}"
                 raise_abort(self._mm, self.rank, message)
-                raise RankFailedError(message, late[0] if late else -1)
+                raise RankFailedError(message, late[0])
             time.sleep(pause)
             pause = min(pause * 2, 1e-3)
 

@@ -571,7 +571,7 @@ def _model_terms(desc: GemmDesc, config: GemmConfig, arch: ArchSpec,
         cycles, pipes, gm, overhead, same, by_limit, others = costs
         kinds.append((cycles, pipes, gm, count, overhead, same, by_limit, others))
     kinds.sort(key=lambda kind: -kind[0])
-    l2_bytes = sum([kind[2] * kind[3] for kind in kinds])
+    l2_bytes = sum(kind[2] * kind[3] for kind in kinds)
 
     # Waves over the AI cores. The busiest core runs ceil(tiles / P) tiles and is taken to draw the heaviest
     # ones: exact when tails are few (the static round-robin order gives some core only full tiles), an upper

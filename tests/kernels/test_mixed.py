@@ -167,20 +167,25 @@ def test_mixed_and_sync_all_translate_errors(case):
 BOOKKEEPING_CALLS = {"cross_core_set", "cross_core_try_wait", "ub_tensor", "SetFlag", "WaitFlag", "PipeBarrier"}
 
 
-def test_sub_core_generators_are_not_cached_on_disk():
-    """numba cannot lower a call to a generator it loaded from its disk cache: a process that found a sub-core's cache
-    entry but not its caller's (another process compiling the same kernel, or an interrupted compile) raised KeyError
-    on every call until the cache was cleared. Generators compile with their caller; the callers stay cached."""
-    import ast
-
+def _mixed_relu_python() -> str:
+    """The module the translator emits for the fp32 mixed_relu kernel of these tests (translated, not compiled)."""
     from deep_gemm.jit.render import render
     from deep_gemm.jit.translate import translate
 
     desc = GemmDesc(m=100, n=96, k=80, a_dtype="bf16", b_dtype="bf16", out_dtype="fp32", num_ai_cores=CORES)
     constants = gemm_constants(desc, GemmConfig(num_ai_cores=CORES, **CONFIG), "nk", resident_a=False)
     constants.update(NUM_UB_STAGES=2, UB_BYTES=UB_BYTES)
-    python = translate(render("examples/mixed_relu", constants), template="examples/mixed_relu",
-                       constants=constants).python
+    return translate(render("examples/mixed_relu", constants), template="examples/mixed_relu",
+                     constants=constants).python
+
+
+def test_sub_core_generators_are_not_cached_on_disk():
+    """numba cannot lower a call to a generator it loaded from its disk cache: a process that found a sub-core's cache
+    entry but not its caller's (another process compiling the same kernel, or an interrupted compile) raised KeyError
+    on every call until the cache was cleared. Generators compile with their caller; the callers stay cached."""
+    import ast
+
+    python = _mixed_relu_python()
     functions = [f for f in ast.parse(python).body if isinstance(f, ast.FunctionDef)]
 
     def cached(f):
@@ -198,14 +203,7 @@ def test_bookkeeping_calls_pass_constants_as_int64_values():
     instead of one per constant (a mixed kernel's cold compile is that much shorter)."""
     import ast
 
-    from deep_gemm.jit.render import render
-    from deep_gemm.jit.translate import translate
-
-    desc = GemmDesc(m=100, n=96, k=80, a_dtype="bf16", b_dtype="bf16", out_dtype="fp32", num_ai_cores=CORES)
-    constants = gemm_constants(desc, GemmConfig(num_ai_cores=CORES, **CONFIG), "nk", resident_a=False)
-    constants.update(NUM_UB_STAGES=2, UB_BYTES=UB_BYTES)
-    python = translate(render("examples/mixed_relu", constants), template="examples/mixed_relu",
-                       constants=constants).python
+    python = _mixed_relu_python()
     calls = [node for node in ast.walk(ast.parse(python))
              if isinstance(node, ast.Call) and getattr(node.func, "id", None) in BOOKKEEPING_CALLS]
     assert {c.func.id for c in calls} >= {"cross_core_set", "cross_core_try_wait", "ub_tensor", "SetFlag"}
