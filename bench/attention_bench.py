@@ -4,11 +4,11 @@ scale applied once per score column, chunked so the scores stay in memory), torc
 einsum / relu / weighted sum a torch user writes, as in CUDA DeepGEMM's own reference: FP8 decoded with .float()
 every call, fp32 scores; timed at torch's default thread count and at every other count, each its own library)
 and, where installed, JAX (one jax.jit-compiled function). Every library is timed in its own steady state
-(deep_gemm.testing.bench_steady: blocks of back-to-back calls per library, the first call of each block discarded,
-blocks alternated, median over blocks); ratios are same-run. Each row prints the stand-in's speedup over numpy,
-JAX, torch (default threads) and the best peer (per round the fastest of numpy, JAX and torch at any thread count),
-issue 28's target where it sets one and the modelled Ascend 950DT time of the call (the estimate_* functions). CPU
-numbers are CPU numbers; chip numbers are modelled.
+(deep_gemm.testing.bench_steady: blocks of back-to-back calls per library, the first 50 ms of each block (at least
+one call) discarded, blocks alternated, median over blocks); ratios are same-run. Each row prints the stand-in's
+speedup over numpy, JAX, torch (default threads) and the best peer (per round the fastest of numpy, JAX and torch at
+any thread count), issue 28's target where it sets one and the modelled Ascend 950DT time of the call (the
+estimate_* functions). CPU numbers are CPU numbers; chip numbers are modelled.
 
     python bench/attention_bench.py --quick          # the issue's two target rows + HC pre-norm (minutes)
     python bench/attention_bench.py                  # H = 64, D = 128: 4k-64k keys, batch 1-64 (long on 2 cores)
@@ -495,8 +495,9 @@ def _positive(name):
 
 
 def main(argv: list[str] | None = None) -> int:
-    epilog = ("Timing: every library in its own steady state: blocks of back-to-back calls per library, the first "
-              "call of each block discarded, blocks alternated between libraries, median of its block figures.")
+    epilog = ("Timing: every library in its own steady state: blocks of back-to-back calls per library, the calls "
+              "of each block's first 50 ms (at least one) discarded, blocks alternated between libraries, median of "
+              "its block figures.")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=epilog,
                                      formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the two target rows (16k keys, batch 16) + HC")
@@ -527,8 +528,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{', '.join(map(str, torch_thread_counts()))})" if args.torch else "torch -")
     print(f"JAX {jax_version() or '-'}; {torch_text}; deep_gemm: {runtime.get_num_ai_cores()} logical AI cores "
           f"({runtime.get_npu_arch()} configs); load average at start {os.getloadavg()[0]:.2f}")
-    print(f"protocol: bench_steady, {args.blocks} blocks x {args.calls} timed calls per library (+1 discarded per "
-          f"block, 1 warm-up call each); ratios: median over rounds of the same-round block ratios")
+    print(f"protocol: bench_steady, {args.blocks} blocks x {args.calls} timed calls per library (after 50 ms of "
+          f"discarded calls per block, at least one; 1 warm-up call each); ratios: median over rounds of the "
+          f"same-round block ratios")
     print(HEADER)
     rng = np.random.default_rng(args.seed)
     start = time.time()

@@ -36,6 +36,7 @@ verdict, and every library's seconds per call, torch's columns included) as JSON
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -54,6 +55,7 @@ from deep_gemm.testing import STEADY_PROTOCOL, SteadyTiming, bench_steady, gener
 BF16 = ml_dtypes.bfloat16
 LARGE_SHAPES = ((2048, 2048, 2048), (4096, 7168, 2048))
 STANDIN = "stand-in"
+WARM_MS = round(1000 * importlib.import_module("deep_gemm.testing.bench").WARM_BLOCK_S)  # bench_steady's default
 TORCH = "torch"
 
 
@@ -340,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="", help="comma-separated row names or prefixes (default: all)")
     parser.add_argument("--blocks", type=int, default=5, help="rounds of blocks per row (median reported)")
-    parser.add_argument("--calls", type=int, default=3, help="timed calls per block (after 1 discarded call)")
+    parser.add_argument("--calls", type=int, default=3, help="timed calls per block (after 50 ms of discarded ones)")
     parser.add_argument("--no-naive", action="store_true", help="leave out the naive numpy astype FP8 reference")
     parser.add_argument("--peak-seconds", type=float, default=0.2,
                         help="seconds per FMA-peak run (best of 5 runs; 0 skips the peak and the fractions)")
@@ -367,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{', '.join(str(t) for t in peers.torch_thread_counts())})" if peers.torch_version()
                   else "torch not installed (pip install deep_gemm[torch]): its rows print as not measured")
     print(f"# AI cores {deep_gemm.get_num_ai_cores()} ({deep_gemm.get_npu_arch()}); JAX "
-          f"{peers.jax_version() or 'not installed'}; {torch_text}; protocol: {args.blocks} rounds of blocks of 1 "
-          f"discarded + {args.calls} timed calls per library, blocks alternated, median over blocks (see --help)")
+          f"{peers.jax_version() or 'not installed'}; {torch_text}; protocol: {args.blocks} rounds of blocks of "
+          f"{WARM_MS} ms of discarded calls (at least one) + {args.calls} timed calls per library, blocks "
+          f"alternated, median over blocks (see --help)")
     opts = Options(blocks=args.blocks, calls=args.calls, naive=not args.no_naive)
     if args.peak_seconds > 0:
         opts.peak = machine.measure_fma_peak(seconds=args.peak_seconds)
@@ -409,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         record = {"machine": machine.describe_machine(), "load_average": os.getloadavg()[0],
                   "torch": peers.torch_version(), "jax": peers.jax_version(), "blocks": args.blocks,
-                  "calls": args.calls, "rows": [asdict(r) for r in results]}
+                  "calls": args.calls, "warm_ms": WARM_MS, "rows": [asdict(r) for r in results]}
         Path(args.json).write_text(json.dumps(record, indent=1, allow_nan=True) + "\n")
         print(f"# rows written to {args.json}")
     print(f"# {measured - len(failed)}/{measured} measured rows met their target"

@@ -81,7 +81,9 @@ def render(record: dict, run: dict | None, source: str) -> str:
                      "every row)")
     lines.append(f"- Peers: torch {record.get('torch') or 'not installed'}, JAX {record.get('jax') or 'not installed'}")
     if "blocks" in record and "calls" in record:
-        lines.append(f"- Protocol: {record['blocks']} rounds of blocks of 1 discarded + {record['calls']} timed calls "
+        # NOTES: runs before warm_ms was recorded discarded exactly one call per block
+        discarded = f"{record['warm_ms']:g} ms of discarded calls" if "warm_ms" in record else "1 discarded"
+        lines.append(f"- Protocol: {record['blocks']} rounds of blocks of {discarded} + {record['calls']} timed calls "
                      "per library, blocks alternated, median over blocks (deep_gemm.testing.bench_steady; "
                      "`python bench/perf_check.py --help` says more)")
     lines += ["", "| verdict | row | target | measured | details |", "|---|---|---|---|---|"]

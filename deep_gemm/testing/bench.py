@@ -34,6 +34,13 @@ _clock = time.perf_counter
 # for longer than its one discarded call. bench_steady waits for the process to go idle before every block.
 IDLE_PROBE_S = 0.02
 IDLE_MAX_PROBES = 50
+# NOTES: after the process idled (the idle wait above, or another library's single-threaded or sleeping block), a
+# library's calls on two threads run slower for some 10-30 ms: on the 2-vCPU VM, FP8 128x7168x2048 took 11-14 ms
+# per call for the first two or three calls and ~7 ms after, and its block figure (1 discarded call, then 2 timed)
+# rose from 7.0 ms alone to 9.8-11.9 ms when its blocks alternated with numpy's, or with a peer that only sleeps
+# 30 ms a call. Each block therefore discards calls until WARM_BLOCK_S has passed (at least one call): a library
+# whose call takes longer than that still loses one call, a fast one as many as the transition lasts.
+WARM_BLOCK_S = 0.05
 
 
 def _wait_idle() -> None:
@@ -107,9 +114,10 @@ def bench_paired(
 STEADY_PROTOCOL = """\
 Timing protocol (deep_gemm.testing.bench_steady): each library is timed in its own steady state, the way a model
 runs layer after layer with one library. A block starts once the process is idle (no thread of the previous
-library still spinning: OpenBLAS keeps one busy for ~0.1 s after a matmul) and is CALLS+1 back-to-back calls of
-one library; its first call is discarded (it pays for caches filled by someone else, threads waking up), and the
-block's figure is the mean of the other CALLS calls. The libraries' blocks alternate, in an order
+library still spinning: OpenBLAS keeps one busy for ~0.1 s after a matmul) and is back-to-back calls of one
+library: its first calls are discarded until 50 ms have passed, at least one (they pay for caches filled by someone
+else, threads and CPUs waking up from the idle wait), and the block's figure is the mean of the next CALLS calls.
+The libraries' blocks alternate, in an order
 rotated every round (A B C, B C A, C A B, ...) so none always follows the same neighbour; after BLOCKS rounds each
 library's time is the median of its block figures, and a ratio of two libraries is the median over rounds of
 their block ratios (slow drifts of the machine cancel within a round)."""
@@ -154,14 +162,16 @@ def bench_steady(
     num_blocks: int = 5,
     calls_per_block: int = 3,
     num_warmups: int = 1,
+    warm_seconds: float = WARM_BLOCK_S,
 ) -> SteadyTiming:
     """Time several libraries solving the same problem, each in its own steady state (see ``STEADY_PROTOCOL``).
 
     ``fns`` maps a library's name to a zero-argument call of it. First ``num_warmups`` untimed calls of each
     library (compiles, JIT traces, first-touch allocations), and a wait for the native libraries those compiles
     started linking in the background; then ``num_blocks`` rounds. In round r the libraries
-    run in their given order rotated by r, each as one block: 1 discarded call, then ``calls_per_block`` timed
-    back-to-back calls whose mean is the block's figure. Returns every block figure (seconds per call).
+    run in their given order rotated by r, each as one block: discarded calls until ``warm_seconds`` have passed
+    (at least one), then ``calls_per_block`` timed back-to-back calls whose mean is the block's figure. Returns
+    every block figure (seconds per call).
     """
     if not isinstance(fns, Mapping) or not fns:
         raise ValueError(f"fns must be a non-empty mapping of name -> callable, got fns={fns!r}")
@@ -171,6 +181,8 @@ def bench_steady(
     _check_count("num_blocks", num_blocks, 1)
     _check_count("calls_per_block", calls_per_block, 1)
     _check_count("num_warmups", num_warmups, 0)
+    if isinstance(warm_seconds, bool) or not isinstance(warm_seconds, (int, float)) or not 0 <= warm_seconds <= 10:
+        raise ValueError(f"warm_seconds must be a number of seconds in [0, 10], got warm_seconds={warm_seconds!r}")
 
     names = list(fns)
     for name in names:
@@ -183,7 +195,11 @@ def bench_steady(
         for name in names[shift:] + names[:shift]:
             fn = fns[name]
             _wait_idle()  # the previous library's threads have stopped spinning
-            fn()  # NOTES: discarded: the transition from the previous library's block lands here
+            # NOTES: discarded: the transition from the previous library's block (and the idle wait) lands here
+            start = _clock()
+            fn()
+            while _clock() - start < warm_seconds:
+                fn()
             start = _clock()
             for _ in range(calls_per_block):
                 fn()

@@ -262,7 +262,7 @@ def torch_thread_counts() -> list[int]:
 
 def torch_at_threads(fn: Callable[[], object], threads: int) -> Callable[[], object]:
     """``fn`` with torch's intra-op thread count set to ``threads`` before every call (cheap when unchanged; the
-    pool resizes on the first call after another count ran, which bench_steady's discarded call absorbs)."""
+    pool resizes on the first call after another count ran, which bench_steady's discarded calls absorb)."""
     torch = _torch()
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be an int >= 1, got threads={threads!r}")

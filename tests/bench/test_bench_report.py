@@ -93,3 +93,12 @@ def test_bad_input_is_refused_and_writes_nothing(tmp_path, capsys):
         report.main(["--json", str(bad), "--out", str(out)])
     assert "no 'rows' list" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_protocol_line_says_how_each_block_warmed_up(tmp_path):
+    # A record from before warm_ms existed discarded one call per block; a newer one says how long it discarded.
+    out = tmp_path / "performance.md"
+    report.main(["--json", str(_write(tmp_path)), "--out", str(out)])
+    assert "- Protocol: 3 rounds of blocks of 1 discarded + 2 timed calls" in out.read_text()
+    report.main(["--json", str(_write(tmp_path, {**RECORD, "warm_ms": 50})), "--out", str(out)])
+    assert "- Protocol: 3 rounds of blocks of 50 ms of discarded calls + 2 timed calls" in out.read_text()

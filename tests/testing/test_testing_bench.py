@@ -86,7 +86,7 @@ def test_bench_steady_waits_for_an_idle_process_before_every_block(monkeypatch):
     monkeypatch.setattr(bench_mod.time, "sleep", fake_sleep)
     monkeypatch.setattr(bench_mod.time, "process_time", lambda: cpu[0])
     bench_steady({"a": lambda: log.append("a"), "b": lambda: log.append("b")}, num_blocks=2, calls_per_block=1,
-                 num_warmups=0)
+                 num_warmups=0, warm_seconds=0)
     assert log == ["probe", "probe", "probe", "a", "a", "probe", "b", "b", "probe", "b", "b", "probe", "a", "a"]
     log.clear()
     monkeypatch.setattr(bench_mod.time, "sleep", lambda seconds: log.append("probe"))
@@ -123,8 +123,8 @@ def test_bench_steady_block_figure_excludes_the_first_call(clock):
 
 def test_bench_steady_medians_over_blocks_and_per_round_ratios(clock):
     # Block figures (mean of the 2 timed calls): a = 3, 5, 30 (a noisy round), b = 2, 10, 10.
-    a_costs = iter([0.0, 2.0, 4.0, 0.0, 5.0, 5.0, 0.0, 30.0, 30.0])
-    b_costs = iter([0.0, 2.0, 2.0, 0.0, 10.0, 10.0, 0.0, 10.0, 10.0])
+    a_costs = iter([1.0, 2.0, 4.0, 1.0, 5.0, 5.0, 1.0, 30.0, 30.0])
+    b_costs = iter([1.0, 2.0, 2.0, 1.0, 10.0, 10.0, 1.0, 10.0, 10.0])
     res = bench_steady({"a": clock.work("a", lambda _n: next(a_costs)), "b": clock.work("b", lambda _n: next(b_costs))},
                        num_blocks=3, calls_per_block=2, num_warmups=0)
     assert res.blocks == {"a": (3.0, 5.0, 30.0), "b": (2.0, 10.0, 10.0)}
@@ -132,9 +132,23 @@ def test_bench_steady_medians_over_blocks_and_per_round_ratios(clock):
     assert res.ratio("a", "b") == 1.5  # per-round ratios 1.5, 0.5, 3 -> median 1.5 (not 5 / 10)
 
 
+def test_bench_steady_discards_fast_calls_until_the_warm_time_has_passed(clock):
+    """A library whose calls are shorter than warm_seconds loses as many calls as fit in it (the slow transition
+    after an idle wait can last several calls); one whose call is longer loses exactly one."""
+    fast_costs = iter([0.03, 0.03, 0.01, 0.02] * 2)  # per block: 2 slow calls, then the steady ones
+    res = bench_steady({"fast": clock.work("fast", lambda _n: next(fast_costs)), "slow": clock.work("slow", 1.0)},
+                       num_blocks=2, calls_per_block=2, num_warmups=0, warm_seconds=0.05)
+    # fast: 2 discarded calls (0.03 + 0.03 >= 0.05), then 0.01 and 0.02 timed; slow: 1 discarded (1.0 >= 0.05)
+    assert clock.log == ["fast"] * 4 + ["slow"] * 3 + ["slow"] * 3 + ["fast"] * 4
+    assert res.blocks["fast"] == pytest.approx((0.015, 0.015))
+    assert res.blocks["slow"] == pytest.approx((1.0, 1.0))
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     (dict(num_blocks=0), "num_blocks=0"), (dict(calls_per_block=0), "calls_per_block=0"),
     (dict(num_warmups=-1), "num_warmups=-1"), (dict(num_blocks=2.5), "num_blocks=2.5"),
+    (dict(warm_seconds=-0.1), "warm_seconds=-0.1"), (dict(warm_seconds="1"), "warm_seconds='1'"),
+    (dict(warm_seconds=True), "warm_seconds=True"),
 ])
 def test_bench_steady_bad_counts(kwargs, match):
     calls = []
@@ -169,5 +183,5 @@ def test_bench_steady_waits_for_background_native_links_after_warmup(monkeypatch
     log = []
     monkeypatch.setattr("deep_gemm.jit.compile.wait_native_builds", lambda: log.append("wait"))
     bench_steady({"a": lambda: log.append("a"), "b": lambda: log.append("b")}, num_blocks=1, calls_per_block=1,
-                 num_warmups=2)
+                 num_warmups=2, warm_seconds=0)
     assert log[:5] == ["a", "a", "b", "b", "wait"] and log.count("wait") == 1 and len(log) == 9
