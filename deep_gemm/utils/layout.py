@@ -7,6 +7,7 @@ An int16 at logical [..., r, p] (physical [..., p, r]) holds the exponent byte o
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 
 import ml_dtypes
@@ -199,11 +200,34 @@ def _first_bad_fp32(sf: np.ndarray, ignore_rows: list, ignore_cols: list) -> Non
         )
 
 
+def _fp32_to_required(sf: np.ndarray) -> np.ndarray | None:
+    """The common case of _to_required in six passes instead of a dozen: fp32 [(G,) mn, 2 * pairs], C-contiguous,
+    one scale per row and 32-block, nothing padded (a GEMM's sfb on every call: 0.45 -> 0.22 ms at N = 7168,
+    K = 2048 on the 2-vCPU VM). The exponent bytes of a row, viewed as uint16, are its pairs already (even block
+    in the low byte, on a little-endian host): the same bits as _to_required's. None when a scale is not an exact
+    power of two (the caller's full path then names it)."""
+    bits = sf.view(np.uint32)
+    exps = bits >> np.uint32(23)
+    # NOTES: a set sign reads as an exponent >= 256 here and Inf/NaN as 255, so one max checks both; the mantissa
+    # bits must be 0.
+    if exps.max() > 254 or np.bitwise_and(bits, np.uint32(0x007FFFFF)).max():
+        return None
+    pairs = exps.astype(np.uint8).view(np.uint16)
+    physical = np.ascontiguousarray(np.swapaxes(pairs, -1, -2)).view(np.int16)
+    return np.swapaxes(physical, -1, -2)
+
+
 def _to_required(
     sf: np.ndarray, mn: int, k: int, gran_mn: int, gran_k: int,
     pad_rows: list[tuple[int, int]], pad_k_blocks: list[tuple[int, int]], pad_k_cols: list[tuple[int, int]],
 ) -> np.ndarray:
     num_blocks, num_pairs = ceil_div(k, _SF_BLOCK_K), ceil_div(k, _SF_PAIR_K)
+    if (sf.dtype == np.float32 and gran_mn == 1 and gran_k == _SF_BLOCK_K and num_blocks % 2 == 0 and sf.size
+            and sf.shape[-2] == mn and sf.shape[-1] == num_blocks and sf.flags.c_contiguous
+            and not (pad_rows or pad_k_blocks or pad_k_cols) and sys.byteorder == "little"):
+        fast = _fp32_to_required(sf)
+        if fast is not None:
+            return fast
     lead = sf.shape[:-2]
     rows_in = sf.shape[-2]
 
