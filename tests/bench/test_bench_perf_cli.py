@@ -35,7 +35,14 @@ def test_perf_check_lists_the_issue_rows(capsys):
     assert perf_check.main(["--list"]) == 0
     rows = capsys.readouterr().out.split()
     assert rows == ["bf16-2048", "bf16-4096x7168", "fp8-2048", "fp8-4096x7168", "fp8-m128", "fp8-m16", "threads",
-                    "startup", "jit"]
+                    "startup", "jit", "jit-mixed"]
+
+
+def test_jit_bench_checks_issue_28_compile_targets():
+    # every kernel it builds has its targets: the FP8 GEMM's and the mixed kernel's are issue 28's
+    assert set(jit_bench.TARGETS) == set(jit_bench.SETUP) == {"vadd", "fp8_gemm", "hc_prenorm"}
+    assert jit_bench.TARGETS["fp8_gemm"] == (2.0, 6.0, True)
+    assert jit_bench.TARGETS["hc_prenorm"] == (10.0, 10.0, False)
 
 
 @pytest.mark.parametrize(("argv", "match"), [
