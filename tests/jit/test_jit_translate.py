@@ -108,6 +108,25 @@ def test_enum_constants_and_template_argument_calls():
     assert f"from {EXAMPLE_DEVICE} import PipeBarrier, SetFlag, WaitFlag" in py
 
 
+def test_constant_arguments_of_device_calls_are_not_numba_literals():
+    """A number or a named constant passed to a device function goes as np.int64 (numba would type it as a literal
+    and compile the function once per value and config); an expression (numba types it int64) and a runtime value
+    go as they are, and the call still computes the same."""
+    ns, t = snippet("""
+        constexpr int32_t TILE = 4;
+        __aicore__ inline int32_t run(LocalTensor<float> dst, LocalTensor<float> a, int32_t start) {
+            fill(dst, 0.0f);
+            return add_span(dst, a, a, 2, TILE) + add_span(dst, a, a, start, TILE - 2);
+        }
+    """)
+    py = t.python
+    assert "add_span(dst, a, a, np.int64(2), np.int64(TILE))" in py
+    assert "add_span(dst, a, a, start, TILE - 2)" in py
+    dst, a = np.full(8, 9.0, np.float32), np.arange(8, dtype=np.float32)
+    assert ns["run"](dst, a, 6) == 6
+    np.testing.assert_array_equal(dst, [0, 0, 4, 6, 8, 10, 12, 14])
+
+
 # Statements -----------------------------------------------------------------------------------------------------
 
 

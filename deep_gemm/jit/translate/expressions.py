@@ -343,10 +343,15 @@ class Expressions:
         if name in self.device_exports:
             self.used_device.add(name)
             leading = [self.template_argument(t) for t in template_args]
-            codes = leading + [strip_parens(self.exact(a, node).code if a.wrapped else a.code) for a in args]
+            codes = leading + [self.device_argument(a, node) for a in args]
             return Expr(f"{name}({', '.join(codes)})", UNKNOWN)
         raise self.error(name_node, f"unknown function {name!r}: neither a template function nor an export of "
                                     f"{self.device_module}")
+
+    def device_argument(self, arg: Expr, node: Node) -> str:
+        """The code of one argument of a device function call: a compile-time integer as np.int64 (runtime_int_arg),
+        so one numba compile of the function serves every constant and every config."""
+        return self.runtime_int_arg(self.exact(arg, node).code if arg.wrapped else arg.code)
 
     def template_call(self, node: Node, sig: FuncSig, template_args: list[Node], args: list[Expr]) -> Expr:
         if sig.is_entry:

@@ -501,9 +501,11 @@ class Statements:
         offset, a template line number) made another overload of the bookkeeping function it reaches: one FlashMLA
         kernel compiled cross_core_try_wait 6 times and ub_tensor 12. np.int64 is what numba makes of the literal
         inside the callee, so the value and its type are unchanged; the caller's LLVM still sees the constant (the
-        cast folds) and passes it on where it inlines the callee. Used for the sync, cross-core and UB calls only:
-        a cold FlashMLA prefill compile went from 83.3 s to 67.7 s on a 2-core AVX2 machine; wrapping every device
-        call's arguments as well (tile sizes reaching the Cube and copy functions) saved nothing more (70.6 s)."""
+        cast folds) and passes it on where it inlines the callee. First used for the sync, cross-core and UB calls
+        (a cold FlashMLA prefill compile 83.3 -> 67.7 s on a 2-core AVX2 machine), now for every device call: the
+        tile sizes a config passes to the Cube, copy and view functions (Literal[int](32) in one config, (256) in
+        the next) made each new GEMM config recompile 5-7 of them (FP8 GEMM specializations after the first:
+        1.9-2.1 s -> 1.3-1.6 s, one numba compile each instead of 6-8, on the 2-vCPU AVX-512 VM)."""
         code = strip_parens(code)
         value = self.try_evaluate(code) if _numba_may_type_as_literal(code) else None
         if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) \
