@@ -115,17 +115,25 @@ def _make_dp_kernel(mr: int):
         pa, pb, pc = args[1], args[3], args[5]
         masks = [_lane_mask(builder, cols), _lane_mask(builder, builder.sub(cols, const(16)))]
         zero = ir.Constant(_V16F, None)
+        # NOTES: with cols <= 16 the second panel and C's second vector are wholly masked off, and their addresses
+        # may lie past the end of L0B / L0C (an odd panel count, the last C row): an AVX-512 masked access whose
+        # masked-off lanes reach memory that is not mapped takes a slow assist on every access (seen: a 16 x 16-block
+        # FP8 GEMM's worker thread, whose buffers sat at the end of its malloc arena, ran 15x slower than the main
+        # thread). They then point at the first panel and vector instead: the same lanes stay off, nothing changes.
+        second = builder.icmp_signed(">", cols, const(16))
+        step_c = builder.select(second, const(16), const(0))
+        step_b = builder.select(second, ldb, const(0))
 
         # Load (or zero) the C block.
         c_ptrs, acc0 = [], []
         for i in range(mr):
             row = builder.mul(ldc, const(i))
             for v in range(2):
-                p = _vec_ptr(builder, pc, builder.add(row, const(16 * v)), _V16F)
+                p = _vec_ptr(builder, pc, builder.add(row, step_c) if v else row, _V16F)
                 c_ptrs.append(p)
                 acc0.append(builder.select(init, zero, _masked_load(builder, p, masks[v], _V16F)))
         a_rows = [builder.bitcast(builder.gep(pa, [builder.mul(lda, const(i))]), _I32.as_pointer()) for i in range(mr)]
-        b_panels = [builder.bitcast(builder.gep(pb, [builder.mul(ldb, const(v))]), _V16I.as_pointer())
+        b_panels = [builder.bitcast(builder.gep(pb, [step_b if v else const(0)]), _V16I.as_pointer())
                     for v in range(2)]
 
         # K loop over pairs: accumulators are loop-carried phis (registers).
