@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", nargs="*", type=parse_shape, default=[parse_shape(s) for s in DEFAULT_SHAPES])
     parser.add_argument("--cores", type=int, default=None, help="logical AI cores (default: the runtime's)")
     parser.add_argument("--blocks", type=int, default=5, help="rounds of blocks per shape (median reported)")
-    parser.add_argument("--calls", type=int, default=3, help="timed calls per block (after 50 ms of discarded ones)")
+    parser.add_argument("--calls", type=int, default=3, help="timed calls per block (after the block's discarded ones)")
     parser.add_argument("--no-jax", action="store_true", help="leave JAX out even when it is installed")
     parser.add_argument("--no-torch", action="store_true", help="leave torch out even when it is installed")
     args = parser.parse_args(argv)

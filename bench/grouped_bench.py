@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small MoE-like shapes instead of DeepSeek-V3's")
     parser.add_argument("--kinds", nargs="*", choices=("contiguous", "masked"), default=["contiguous", "masked"])
     parser.add_argument("--blocks", type=int, default=5, help="rounds of blocks per row (bench_steady)")
-    parser.add_argument("--calls", type=int, default=3, help="timed calls per block (after 50 ms of discarded ones)")
+    parser.add_argument("--calls", type=int, default=3, help="timed calls per block (after the block's discarded ones)")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N rows of each kind")
     parser.add_argument("--cores", type=int, default=None, help="logical AI cores (default: the runtime's)")
     opts = parser.parse_args(argv)

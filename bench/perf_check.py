@@ -349,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="", help="comma-separated row names or prefixes (default: all)")
     parser.add_argument("--blocks", type=int, default=5, help="rounds of blocks per row (median reported)")
-    parser.add_argument("--calls", type=int, default=3, help="timed calls per block (after 50 ms of discarded ones)")
+    parser.add_argument("--calls", type=int, default=3,
+                        help=f"timed calls per block (after {WARM_MS} ms of discarded ones)")
     parser.add_argument("--no-naive", action="store_true", help="leave out the naive numpy astype FP8 reference")
     parser.add_argument("--peak-seconds", type=float, default=0.2,
                         help="seconds per FMA-peak run (best of 5 runs; 0 skips the peak and the fractions)")

@@ -111,13 +111,13 @@ def bench_paired(
 # ---------------------------------------------------------------------------------------------------------------
 # The steady-state protocol
 # ---------------------------------------------------------------------------------------------------------------
-STEADY_PROTOCOL = """\
+STEADY_PROTOCOL = f"""\
 Timing protocol (deep_gemm.testing.bench_steady): each library is timed in its own steady state, the way a model
 runs layer after layer with one library. A block starts once the process is idle (no thread of the previous
 library still spinning: OpenBLAS keeps one busy for ~0.1 s after a matmul) and is back-to-back calls of one
-library: its first calls are discarded until 50 ms have passed, at least one (they pay for caches filled by someone
-else, threads and CPUs waking up from the idle wait), and the block's figure is the mean of the next CALLS calls.
-The libraries' blocks alternate, in an order
+library: its first calls are discarded until {WARM_BLOCK_S * 1000:g} ms have passed, at least one (they pay for
+caches filled by someone else, threads and CPUs waking up from the idle wait), and the block's figure is the mean
+of the next CALLS calls. The libraries' blocks alternate, in an order
 rotated every round (A B C, B C A, C A B, ...) so none always follows the same neighbour; after BLOCKS rounds each
 library's time is the median of its block figures, and a ratio of two libraries is the median over rounds of
 their block ratios (slow drifts of the machine cancel within a round)."""
