@@ -7,7 +7,6 @@ An int16 at logical [..., r, p] (physical [..., p, r]) holds the exponent byte o
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Sequence
 
 import ml_dtypes
@@ -180,13 +179,15 @@ def is_required_sf_layout(sf: object, mn: int, k: int, num_groups: int | None = 
 # Conversion
 
 
-def _first_bad_fp32(sf: np.ndarray, ignore_rows: list, ignore_cols: list) -> None:
-    bits = sf.view(np.uint32)
+def _first_bad_fp32(sf: np.ndarray, bits: np.ndarray, exps: np.ndarray, ignore_rows: list, ignore_cols: list) -> None:
+    """Raise ValueError naming the first scale of ``sf`` (``bits``: its uint32 view, ``exps``: bits >> 23) that is
+    not an exact non-negative power of two, outside the ignored rows and columns."""
     # NOTES: sign and mantissa bits must be 0 (what the kernel's transform asserts); exponent 0xFF (Inf) would be
-    # the E8M0 NaN byte. +0.0 passes: it encodes byte 0, i.e. 2^-127, exactly as on the chip.
-    bad = ((bits & np.uint32(0x807FFFFF)) != 0) | ((bits >> 23) == 0xFF)
-    if not bad.any():
+    # the E8M0 NaN byte. +0.0 passes: it encodes byte 0, i.e. 2^-127, exactly as on the chip. The common case in
+    # two reductions: a set sign reads as an exponent >= 256 in ``exps`` and Inf/NaN as 255.
+    if exps.max(initial=0) <= 254 and not np.bitwise_and(bits, np.uint32(0x007FFFFF)).max(initial=0):
         return
+    bad = ((bits & np.uint32(0x807FFFFF)) != 0) | (exps == 0xFF)
     for lo, hi in ignore_rows:
         bad[..., lo:hi, :] = False
     for lo, hi in ignore_cols:
@@ -200,46 +201,29 @@ def _first_bad_fp32(sf: np.ndarray, ignore_rows: list, ignore_cols: list) -> Non
         )
 
 
-def _fp32_to_required(sf: np.ndarray) -> np.ndarray | None:
-    """The common case of _to_required in six passes instead of a dozen: fp32 [(G,) mn, 2 * pairs], C-contiguous,
-    one scale per row and 32-block, nothing padded (a GEMM's sfb on every call: 0.45 -> 0.22 ms at N = 7168,
-    K = 2048 on the 2-vCPU VM). The exponent bytes of a row, viewed as uint16, are its pairs already (even block
-    in the low byte, on a little-endian host): the same bits as _to_required's. None when a scale is not an exact
-    power of two (the caller's full path then names it)."""
-    bits = sf.view(np.uint32)
-    exps = bits >> np.uint32(23)
-    # NOTES: a set sign reads as an exponent >= 256 here and Inf/NaN as 255, so one max checks both; the mantissa
-    # bits must be 0.
-    if exps.max() > 254 or np.bitwise_and(bits, np.uint32(0x007FFFFF)).max():
-        return None
-    pairs = exps.astype(np.uint8).view(np.uint16)
-    physical = np.ascontiguousarray(np.swapaxes(pairs, -1, -2)).view(np.int16)
-    return np.swapaxes(physical, -1, -2)
-
-
 def _to_required(
     sf: np.ndarray, mn: int, k: int, gran_mn: int, gran_k: int,
     pad_rows: list[tuple[int, int]], pad_k_blocks: list[tuple[int, int]], pad_k_cols: list[tuple[int, int]],
 ) -> np.ndarray:
     num_blocks, num_pairs = ceil_div(k, _SF_BLOCK_K), ceil_div(k, _SF_PAIR_K)
-    if (sf.dtype == np.float32 and gran_mn == 1 and gran_k == _SF_BLOCK_K and num_blocks % 2 == 0 and sf.size
-            and sf.shape[-2] == mn and sf.shape[-1] == num_blocks and sf.flags.c_contiguous
-            and not (pad_rows or pad_k_blocks or pad_k_cols) and sys.byteorder == "little"):
-        fast = _fp32_to_required(sf)
-        if fast is not None:
-            return fast
     lead = sf.shape[:-2]
     rows_in = sf.shape[-2]
 
-    # Exponent bytes per (input row, 32-block), zero past the last block
-    exps = np.zeros(lead + (rows_in, 2 * num_pairs), dtype=np.uint8)
+    # Exponent bytes per (input row, 32-block), zero past the last block; C-contiguous (viewed as pairs below)
     if sf.dtype == np.float32:
-        _first_bad_fp32(sf, pad_rows, pad_k_cols)
-        exp = (sf.view(np.uint32) >> 23).astype(np.uint8)
+        bits = sf.view(np.uint32)
+        exp32 = bits >> np.uint32(23)
+        _first_bad_fp32(sf, bits, exp32, pad_rows, pad_k_cols)
+        exp = exp32.astype(np.uint8, order="C")
         if gran_k != _SF_BLOCK_K:
             exp = np.repeat(exp, gran_k // _SF_BLOCK_K, axis=-1)
-        exps[..., :num_blocks] = exp[..., :num_blocks]
+        if exp.shape[-1] == num_blocks == 2 * num_pairs:
+            exps = exp  # a new array already: the padding below may zero parts of it
+        else:
+            exps = np.zeros(lead + (rows_in, 2 * num_pairs), dtype=np.uint8)
+            exps[..., :num_blocks] = exp[..., :num_blocks]
     else:
+        exps = np.zeros(lead + (rows_in, 2 * num_pairs), dtype=np.uint8)
         bits = sf.view(np.uint16)
         exps[..., 0::2] = bits & 0xFF
         exps[..., 1::2] = bits >> 8
@@ -251,8 +235,8 @@ def _to_required(
     for lo, hi in pad_k_blocks:
         exps[..., lo:hi] = 0
 
-    # Pairs: even block in the low byte, odd block in the high byte
-    pairs = exps[..., 0::2].astype(np.uint16) | (exps[..., 1::2].astype(np.uint16) << 8)
+    # Pairs: even block in the low byte, odd block in the high byte (a row's bytes read as little-endian uint16)
+    pairs = exps.view("<u2").astype(np.uint16, copy=False)
     if gran_mn > 1:
         pairs = np.repeat(pairs, gran_mn, axis=-2)[..., :mn, :]
 

@@ -136,33 +136,28 @@ def test_roundtrip_and_reference_property(mn, k, log_gran_mn, gran_k, groups, is
 
 
 @pytest.mark.parametrize("lead", [(), (3,)])
-def test_fp32_few_pass_path_is_bitwise_the_full_one(rng, lead, monkeypatch):
-    """The common fp32 case (C-contiguous, gran 1 x 32, an even block count) goes through the few-pass conversion:
-    its bits equal the full path's (an MN-major copy of the same scales), exponents 0 and 254 included, and a bad
-    scale falls back to the full path, which names it."""
-    from deep_gemm.utils import layout
-
-    taken = []
-    few_pass = layout._fp32_to_required
-    monkeypatch.setattr(layout, "_fp32_to_required", lambda sf: taken.append(sf.shape) or few_pass(sf))
+def test_fp32_k_major_and_mn_major_scales_give_the_same_bits(rng, lead):
+    """A K-major fp32 input (its exponent bytes are viewed as pairs as they are) and an MN-major copy of it (laid
+    out first) give the same bits, exponents 0 and 254 included; a bad scale is named by its index either way."""
     exps = rng.integers(0, 255, size=lead + (33, 6)).astype(np.uint32)
     exps[..., 0, 0], exps[..., 1, 1] = 0, 254
     sf = (exps << 23).view(np.float32)
     groups = lead[0] if lead else None
+
+    def mn_major(x):
+        return np.swapaxes(np.swapaxes(x, -1, -2).copy(), -1, -2)
+
     out = transform_sf_into_required_layout(sf, 33, 192, (1, 1, 32), num_groups=groups, is_sfa=True)
-    assert taken == [sf.shape]
-    full = transform_sf_into_required_layout(np.swapaxes(np.swapaxes(sf, -1, -2).copy(), -1, -2), 33, 192,
-                                             (1, 1, 32), num_groups=groups, is_sfa=True)
-    assert taken == [sf.shape]  # an MN-major input takes the full path
+    full = transform_sf_into_required_layout(mn_major(sf), 33, 192, (1, 1, 32), num_groups=groups, is_sfa=True)
     assert out.strides == full.strides
     np.testing.assert_array_equal(out, full)
     _check_layout(out, sf, 33, 192, 1, 32)
     for value in (3.0, -1.0, np.inf):
         bad = sf.copy()
         bad[..., 4, 5] = value
-        assert few_pass(bad) is None
-        with pytest.raises(ValueError, match=r"4, 5\]="):
-            transform_sf_into_required_layout(bad, 33, 192, (1, 1, 32), num_groups=groups, is_sfa=True)
+        for x in (bad, mn_major(bad)):
+            with pytest.raises(ValueError, match=r"4, 5\]="):
+                transform_sf_into_required_layout(x, 33, 192, (1, 1, 32), num_groups=groups, is_sfa=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
