@@ -20,7 +20,6 @@ Rows whose deep_gemm function is not in this checkout say so and time only the p
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
@@ -529,7 +528,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{', '.join(map(str, torch_thread_counts()))})" if args.torch else "torch -")
     print(f"JAX {jax_version() or '-'}; {torch_text}; deep_gemm: {runtime.get_num_ai_cores()} logical AI cores "
           f"({runtime.get_npu_arch()} configs); load average at start {os.getloadavg()[0]:.2f}")
-    warm_ms = importlib.import_module("deep_gemm.testing.bench").WARM_BLOCK_S * 1000
+    from deep_gemm.testing.bench import WARM_BLOCK_S
+
+    warm_ms = WARM_BLOCK_S * 1000
     print(f"protocol: bench_steady, {args.blocks} blocks x {args.calls} timed calls per library (after "
           f"{warm_ms:g} ms of discarded calls per block, at least one; 1 warm-up call each); ratios: median over "
           f"rounds of the same-round block ratios")

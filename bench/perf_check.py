@@ -38,7 +38,6 @@ verdict, and every library's seconds per call, torch's columns included) as JSON
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -53,11 +52,12 @@ import numpy as np
 
 import deep_gemm
 from deep_gemm.testing import STEADY_PROTOCOL, SteadyTiming, bench_steady, generators, machine, peers
+from deep_gemm.testing.bench import WARM_BLOCK_S
 
 BF16 = ml_dtypes.bfloat16
 LARGE_SHAPES = ((2048, 2048, 2048), (4096, 7168, 2048))
 STANDIN = "stand-in"
-WARM_MS = round(1000 * importlib.import_module("deep_gemm.testing.bench").WARM_BLOCK_S)  # bench_steady's default
+WARM_MS = round(1000 * WARM_BLOCK_S)  # bench_steady's default
 TORCH = "torch"
 
 
