@@ -53,7 +53,7 @@ from .cube_dpbf16 import DPBF16_SUPPORTED, _mmad_dpbf16_core
 from .cube_fma import (
     KC,
     LANES,  # noqa: F401
-    MR,
+    MR,  # noqa: F401
     NR,
     UE8M0_SCALES,
     _copy8_scaled,
@@ -61,6 +61,7 @@ from .cube_fma import (
     _data_ptr,
     _l1_to_f32,
     _microkernel,
+    _microkernel_tail,
     _ptr_add,
     _row_tile,
     _transpose8x8_scaled,
@@ -211,6 +212,13 @@ def _load_b_core(pd, ps, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with
                     _transpose8x8_scaled(
                         _ptr_add(dst, kk * NR), NR, _ptr_add(src, kk), ld, s0, s1, s2, s3, s4, s5, s6, s7
                     )
+            if r0 >= mad_n:
+                # 8 rows wholly past mad_n: the last panel's zero padding, a plain store loop (vectorised)
+                for kk in range(mad_k):
+                    zero_row = _ptr_add(panel, kk * NR + g)
+                    for rr in range(8):
+                        zero_row[rr] = np.float32(0.0)
+                continue
             # Scalar rest: the K tail, and rows past mad_n (zero padding of the last panel)
             for rr in range(8):
                 row = r0 + rr
@@ -438,24 +446,19 @@ def _mmad_core(pc, ldc, csc, pa, pb, mad_m, mad_n, mad_k, init):
 
 @njit(cache=True)
 def _mmad_partial_panel(pc, ldc, pa, pb, mad_m, mad_n, mad_k, kc0, kc, first):
-    """The last, partial B panel (mad_n % NR != 0, only when NR > 16), through a scratch C tile so no column of
-    L0C past mad_n is touched."""
+    """The last, partial B panel (mad_n % NR != 0): C columns past mad_n are neither read nor written (masked).
+
+    NOTES: was a scratch C tile (allocated, copied in and out element by element per row tile): with the HC pre-norm
+    GEMM's N = 24 every Mmad took that path. A masked-off lane never faults, but one that lands on unmapped memory
+    (an L0C exactly mad_n wide, its last row) is slow: the kernels' L0C tiles are BLOCK_N wide, so theirs never do."""
     p = mad_n // NR
     cols = mad_n - p * NR
-    scratch = np.zeros((MR, NR), dtype=np.float32)
-    ps = _data_ptr(scratch)
-    ld_scratch = scratch.shape[1]  # NOTES: NR as a runtime value; a literal argument would compile a second variant
     pbp = _ptr_add(pb, p * mad_k * NR + kc0 * NR)
     i0 = 0
     while i0 < mad_m:
         mr = _row_tile(i0, mad_m)
-        for i in range(mr):
-            for j in range(cols):
-                scratch[i, j] = pc[(i0 + i) * ldc + p * NR + j]
-        _microkernel(mr, kc, _ptr_add(pa, i0 * mad_k + kc0), mad_k, pbp, ps, ld_scratch, first)
-        for i in range(mr):
-            for j in range(cols):
-                pc[(i0 + i) * ldc + p * NR + j] = scratch[i, j]
+        _microkernel_tail(mr, cols, kc, _ptr_add(pa, i0 * mad_k + kc0), mad_k, pbp, _ptr_add(pc, i0 * ldc + p * NR),
+                          ldc, first)
         i0 += mr
 
 

@@ -250,12 +250,14 @@ def _transpose8x8_scaled(typingctx, dst, dst_stride, src, src_stride, s0, s1, s2
     return types.void(dst, dst_stride, src, src_stride, f32, f32, f32, f32, f32, f32, f32, f32), codegen
 
 
-def _make_microkernel(mr: int):
-    """The Mmad micro-kernel for an mr x NR tile, as an intrinsic:
-    ``uk(kc, pa, lda, pb, pc, ldc, init)``: C[i, 0:NR] (= 0 if init) += sum_k pa[i * lda + k] * pb[k * NR + 0:NR]
-    for i < mr, with C[i, j] at pc[i * ldc + j]. Accumulators live in mr * NR / LANES vector registers through the
-    whole K loop; each K step is NR / LANES vector loads of B, mr broadcasts of A and mr * NR / LANES FMAs."""
-    nv = NR // LANES
+def _make_microkernel(mr: int, nv: int = NR // LANES, masked: bool = False):
+    """The Mmad micro-kernel for an mr x (nv * LANES) tile, as an intrinsic:
+    ``uk(kc, pa, lda, pb, pc, ldc, init)``: C[i, 0:nv * LANES] (= 0 if init) += sum_k pa[i * lda + k] *
+    pb[k * NR + 0:nv * LANES] for i < mr, with C[i, j] at pc[i * ldc + j]. Accumulators live in mr * nv vector
+    registers through the whole K loop; each K step is nv vector loads of B, mr broadcasts of A and mr * nv FMAs.
+    ``masked``: one more argument, ``tail`` (1..LANES), the lanes of C's last vector that are read and written (the
+    last, partial panel of a tile whose columns end inside it); the rest of that vector is neither read nor written,
+    and the FMAs of its lanes are discarded."""
     vty = ir.VectorType(_F32, LANES)
 
     def codegen(context, builder, signature, args):
@@ -269,6 +271,11 @@ def _make_microkernel(mr: int):
             builder.module, ir.FunctionType(vty, [vty, vty, vty]), f"llvm.fma.v{LANES}f32"
         )
         zero = ir.Constant(vty, [0.0] * LANES)
+        mask = None
+        if masked:
+            tail = builder.trunc(_as_intp(context, builder, args[7], signature.args[7]), _I32)
+            iota = ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES)))
+            mask = builder.icmp_unsigned("<", iota, _splat(builder, tail, ir.VectorType(_I32, LANES)))
 
         # Load (or zero) the C tile.
         c_ptrs, acc0 = [], []
@@ -277,7 +284,10 @@ def _make_microkernel(mr: int):
             for v in range(nv):
                 p = _vec_ptr(builder, pc, builder.add(row, ir.Constant(intp, LANES * v)), vty)
                 c_ptrs.append(p)
-                acc0.append(builder.select(init, zero, builder.load(p, align=4)))
+                if masked and v == nv - 1:
+                    acc0.append(builder.select(init, zero, _masked_load(builder, p, mask, vty)))
+                else:
+                    acc0.append(builder.select(init, zero, builder.load(p, align=4)))
         a_rows = [builder.gep(pa, [builder.mul(lda, ir.Constant(intp, i))]) for i in range(mr)]
 
         # K loop: accumulators are loop-carried phis (registers).
@@ -302,10 +312,10 @@ def _make_microkernel(mr: int):
             for v in range(nv):
                 new.append(builder.call(fma, [a, bs[v], accs[i * nv + v]]))
         k_next = builder.add(k, ir.Constant(intp, 1))
-        tail = builder.block
-        k.add_incoming(k_next, tail)
+        tail_block = builder.block
+        k.add_incoming(k_next, tail_block)
         for phi, x in zip(accs, new, strict=True):
-            phi.add_incoming(x, tail)
+            phi.add_incoming(x, tail_block)
         builder.cbranch(builder.icmp_signed("<", k_next, kc), loop, done)
 
         # Store the C tile.
@@ -314,19 +324,42 @@ def _make_microkernel(mr: int):
         for x0, x in zip(acc0, new, strict=True):
             phi = builder.phi(vty)
             phi.add_incoming(x0, pre)
-            phi.add_incoming(x, tail)
+            phi.add_incoming(x, tail_block)
             final.append(phi)
-        for p, x in zip(c_ptrs, final, strict=True):
-            builder.store(x, p, align=4)
+        for n, (p, x) in enumerate(zip(c_ptrs, final, strict=True)):
+            if masked and n % nv == nv - 1:
+                _masked_store(builder, x, p, mask)
+            else:
+                builder.store(x, p, align=4)
         return context.get_dummy_value()
 
-    def typer(typingctx, kc, pa, lda, pb, pc, ldc, init):
-        if not all(isinstance(p, types.CPointer) and p.dtype == types.float32 for p in (pa, pb, pc)):
-            return None
-        return types.void(kc, pa, lda, pb, pc, ldc, init), codegen
+    def pointers_ok(pa, pb, pc):
+        return all(isinstance(p, types.CPointer) and p.dtype == types.float32 for p in (pa, pb, pc))
 
-    typer.__name__ = f"_microkernel_{mr}x{NR}"
+    if masked:
+        def typer(typingctx, kc, pa, lda, pb, pc, ldc, init, tail):
+            return (types.void(kc, pa, lda, pb, pc, ldc, init, tail), codegen) if pointers_ok(pa, pb, pc) else None
+    else:
+        def typer(typingctx, kc, pa, lda, pb, pc, ldc, init):
+            return (types.void(kc, pa, lda, pb, pc, ldc, init), codegen) if pointers_ok(pa, pb, pc) else None
+
+    typer.__name__ = f"_microkernel_{mr}x{nv * LANES}{'_masked' if masked else ''}"
     return intrinsic(typer)
+
+
+def _masked_load(builder, ptr, mask, vty):
+    """A vector (vty) from ptr; lanes off in mask are zero and not read."""
+    fnty = ir.FunctionType(vty, [vty.as_pointer(), _I32, mask.type, vty])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.masked.load.v{vty.count}f32.p0")
+    return builder.call(fn, [ptr, ir.Constant(_I32, 4), mask, ir.Constant(vty, None)])
+
+
+def _masked_store(builder, value, ptr, mask):
+    """value's lanes on in mask to ptr (the others not written)."""
+    vty = value.type
+    fnty = ir.FunctionType(ir.VoidType(), [vty, vty.as_pointer(), _I32, mask.type])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.masked.store.v{vty.count}f32.p0")
+    builder.call(fn, [value, ptr, ir.Constant(_I32, 4), mask])
 
 
 _uk1 = _make_microkernel(1)
@@ -360,6 +393,58 @@ def _microkernel(mr, kc, pa, lda, pb, pc, ldc, init):
         _uk2(kc, pa, lda, pb, pc, ldc, init)
     else:
         _uk1(kc, pa, lda, pb, pc, ldc, init)
+
+
+# The last, partial panel of a tile (mad_n % NR != 0): one vector (_ut*) when its columns fit one, else two (_uu*),
+# the last vector masked to the columns that are there.
+_ut = [_make_microkernel(mr, 1, True) for mr in range(1, MR + 1)] + [None] * (8 - MR)
+_uu = [_make_microkernel(mr, NR // LANES, True) for mr in range(1, MR + 1)] + [None] * (8 - MR)
+_ut1, _ut2, _ut3, _ut4, _ut5, _ut6 = _ut[:6]
+_uu1, _uu2, _uu3, _uu4, _uu5, _uu6 = _uu[:6]
+# NOTES: as _uk7 / _uk8: the 7- and 8-row names alias the 6-row kernels where MR = 6.
+_ut7, _ut8 = (_ut[6], _ut[7]) if MR >= 8 else (_ut6, _ut6)
+_uu7, _uu8 = (_uu[6], _uu[7]) if MR >= 8 else (_uu6, _uu6)
+
+
+@njit(cache=True)
+def _microkernel_tail(mr, cols, kc, pa, lda, pb, pc, ldc, init):
+    """An mr-row tile (1 <= mr <= MR) of the last, partial panel: C columns 0 .. cols - 1 (1 <= cols < NR) only,
+    read and written through a lane mask; B's panel as every panel (NR lanes a K step, rows past mad_n zero)."""
+    if cols <= LANES:
+        if mr == 8:
+            _ut8(kc, pa, lda, pb, pc, ldc, init, cols)
+        elif mr == 7:
+            _ut7(kc, pa, lda, pb, pc, ldc, init, cols)
+        elif mr == 6:
+            _ut6(kc, pa, lda, pb, pc, ldc, init, cols)
+        elif mr == 5:
+            _ut5(kc, pa, lda, pb, pc, ldc, init, cols)
+        elif mr == 4:
+            _ut4(kc, pa, lda, pb, pc, ldc, init, cols)
+        elif mr == 3:
+            _ut3(kc, pa, lda, pb, pc, ldc, init, cols)
+        elif mr == 2:
+            _ut2(kc, pa, lda, pb, pc, ldc, init, cols)
+        else:
+            _ut1(kc, pa, lda, pb, pc, ldc, init, cols)
+        return
+    last = cols - LANES
+    if mr == 8:
+        _uu8(kc, pa, lda, pb, pc, ldc, init, last)
+    elif mr == 7:
+        _uu7(kc, pa, lda, pb, pc, ldc, init, last)
+    elif mr == 6:
+        _uu6(kc, pa, lda, pb, pc, ldc, init, last)
+    elif mr == 5:
+        _uu5(kc, pa, lda, pb, pc, ldc, init, last)
+    elif mr == 4:
+        _uu4(kc, pa, lda, pb, pc, ldc, init, last)
+    elif mr == 3:
+        _uu3(kc, pa, lda, pb, pc, ldc, init, last)
+    elif mr == 2:
+        _uu2(kc, pa, lda, pb, pc, ldc, init, last)
+    else:
+        _uu1(kc, pa, lda, pb, pc, ldc, init, last)
 
 
 @njit(cache=True, inline="always")

@@ -119,7 +119,7 @@ def test_mmad_every_row_tiling(rng, mad_m):
 @pytest.mark.parametrize("mad_n, mad_k", [(24, 20), (8, 13), (40, 7), (cube.NR + 8, 64)])
 def test_mmad_odd_sizes_outside_the_contract(rng, mad_n, mad_k):
     # Outside the contract's multiples (partial B panels, K not a multiple of 8): the scalar fallbacks and the
-    # scratch-tile path must still be exact to fp32 accumulation, and must not touch L0C past mad_n.
+    # masked last panel must still be exact to fp32 accumulation, and must not touch L0C past mad_n.
     mad_m = 13
     a = rng.standard_normal((mad_m, mad_k)).astype(np.float32)
     b = rng.standard_normal((mad_n, mad_k)).astype(np.float32)
@@ -129,6 +129,28 @@ def test_mmad_odd_sizes_outside_the_contract(rng, mad_n, mad_k):
     expected = a.astype(np.float64) @ b.astype(np.float64).T
     np.testing.assert_allclose(l0c[:, :mad_n], expected, rtol=0, atol=_tol(a, b))
     assert np.all(np.isnan(l0c[:, mad_n:]))
+
+
+@pytest.mark.parametrize("cols", sorted({1, cube.LANES - 1, cube.LANES, cube.LANES + 1, cube.NR - 1}))
+def test_mmad_partial_panel_is_the_full_panel_masked(rng, cols):
+    # The last, partial panel runs a lane-masked micro-kernel (one vector when its columns fit one): every row-tile
+    # size, init then accumulate, bit for bit the columns of the same product on a full panel (B's extra rows zero:
+    # the same FMA chain per element), and L0C past mad_n neither read nor written.
+    mad_k = 72
+    for mad_m in range(1, cube.MR + 4):
+        mad_n = cube.NR + cols
+        full_n = 2 * cube.NR
+        a = rng.standard_normal((mad_m, mad_k)).astype(np.float32)
+        b = np.zeros((full_n, mad_k), dtype=np.float32)
+        b[:mad_n] = rng.standard_normal((mad_n, mad_k))
+        sf = np.zeros((1, 1), dtype=np.uint8)
+        l0c = np.full((mad_m, mad_n + 5), np.nan, dtype=np.float32)
+        ref = np.empty((mad_m, full_n), dtype=np.float32)
+        for init in (True, False):
+            _cube_product(a, sf, b, sf, 0, 0, 0, mad_m, mad_n, mad_k, False, l0c, init)
+            _cube_product(a, sf, b, sf, 0, 0, 0, mad_m, full_n, mad_k, False, ref, init)
+            np.testing.assert_array_equal(l0c[:, :mad_n], ref[:, :mad_n])
+            assert np.all(np.isnan(l0c[:, mad_n:])), (mad_m, cols)
 
 
 def test_mmad_strided_l0c_views(rng):
