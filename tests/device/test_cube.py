@@ -352,6 +352,38 @@ def test_bf16_l0_layouts(rng, l0_dtype):
 
 
 @pytest.mark.parametrize("l0_dtype", BF16_UNITS)
+@pytest.mark.parametrize("operand", ["a", "b"])
+@pytest.mark.parametrize("exponents", [(0, 1, 9, 10), (11, 120, 127, 134), (245, 246, 247, 254), (255, 127, 10, 246)])
+def test_fp8_bf16_l0_bits_for_every_code_and_scale(l0_dtype, operand, exponents):
+    # Every e4m3 code in every row under UE8M0 scales at and past the edges of the 16-bit decode's range (where a
+    # scale is outside, the fp32 path: for B the whole 16-row step): the L0 bits are the high halves of
+    # fp32(value) * fp32(scale), what the fp32 path computes, either way. One exponent for every row (each of the
+    # four), then rows mixing them (each 32-K block shifts which row has which).
+    import ml_dtypes
+
+    rows, k = 16, 512
+    codes = ((np.arange(k)[None, :] + 37 * np.arange(rows)[:, None]) % 256).astype(np.uint8)
+    sf = np.array([[exponents[(r + blk) % 4] for blk in range(k // 32)] for r in range(rows)], dtype=np.uint8)
+    for scales in [np.full_like(sf, e) for e in exponents] + [sf]:
+        if operand == "a":
+            l0 = np.full(cube.l0a_size(rows, k), 0xFFFF, dtype=np.uint16).view(l0_dtype)
+            cube.load_l0a(l0, codes, scales, 0, 0, rows, k, True)
+            got = l0.view(np.uint16)[: rows * k].reshape(rows, k)
+        else:
+            l0 = np.full(cube.l0b_size(rows, k), 0xFFFF, dtype=np.uint16).view(l0_dtype)
+            cube.load_l0b(l0, codes, scales, 0, 0, rows, k, True)
+            got = l0.view(np.uint16)[: k * rows].reshape(k // 2, rows, 2).transpose(1, 0, 2).reshape(rows, k)
+        values = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        factor = cube.UE8M0_SCALES[np.repeat(scales, 32, axis=1)]
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = ((values * factor).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+        # a NaN scale (exponent 255) gives NaN; which NaN operand's sign survives is the machine's choice
+        nan_scale = np.repeat(scales, 32, axis=1) == 255
+        np.testing.assert_array_equal(np.where(nan_scale, 0, got), np.where(nan_scale, 0, want))
+        assert np.all((got[nan_scale] & 0x7FFF) > 0x7F80)
+
+
+@pytest.mark.parametrize("l0_dtype", BF16_UNITS)
 def test_bf16_l0_depends_only_on_the_32k_steps(rng, l0_dtype):
     # One Mmad over K = 256 equals four accumulating Mmads of 64 (and two of 128), bit for bit: results depend on
     # the order of the 32-K steps only, not on how a kernel splits K into MADs, tiles or cores. A column-strided
