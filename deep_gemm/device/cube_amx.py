@@ -101,39 +101,37 @@ def _to_bf16(builder, v):
 # subnormals m * 2^-9, 0 for zero, 0x7FC0 for NaN; the sign is bit 7 moved to bit 15. A UE8M0 scale 2^s then adds s
 # to the exponent field (s << 7), which is the exact product as long as no scaled value leaves the normal range:
 # |value| in [2^-9, 448] times 2^s stays normal for s in [E4M3_SCALE_LO, E4M3_SCALE_HI] - 127. Where a scale is
-# outside (B: any of a 16-row step's; A: the row's), the codes take the fp32 path (decode, multiply, high half); both
-# give the same bits wherever the fast one applies (tests/device/test_cube.py checks every code and edge scale).
-# Measured (FP8 128x7168x2048, 2 threads, fp32 scales): 6.75 -> 6.2-6.5 ms a call; packed scales 6.44 -> 5.9-6.0.
+# outside (any of a B panel's 16-row step), the codes take the fp32 path (decode, multiply, high half); both give
+# the same bits wherever the fast one applies (tests/device/test_cube.py checks every code and edge scale).
+# Measured: a 128 x 256 FP8 L0B load with scales 5.07 -> 2.52 us; FP8 128x7168x2048 (2 threads, fp32 scales) 6.75 ->
+# 6.2-6.5 ms a call, packed scales 6.44 -> 5.9-6.0. (A's loads keep the fp32 path: see _copy16_bf16.)
 _LUT_DECODE = "+avx512bw" in host_cpu_features().split(",")
-_LUT_DECODE_16 = _LUT_DECODE and "+avx512vl" in host_cpu_features().split(",")  # 16 codes: the 256-bit permute
 E4M3_SCALE_LO, E4M3_SCALE_HI = 10, 246
 _E4M3_SUBNORMAL_BF16 = [0] + [int(np.float32(m * 2.0**-9).view(np.uint32)) >> 16 for m in range(1, 8)]
 
 
-def _i16v(values, lanes=32):
-    """An <lanes x i16> constant: ``values`` (a list) or one value in every lane."""
-    return ir.Constant(ir.VectorType(_I16, lanes), list(values) if isinstance(values, (list, tuple))
-                       else [values] * lanes)
+def _i16v(values):
+    """A <32 x i16> constant: ``values`` (a list of 32) or one value in every lane."""
+    return ir.Constant(ir.VectorType(_I16, 32), list(values) if isinstance(values, (list, tuple)) else [values] * 32)
 
 
 def _e4m3_to_bf16(builder, raw, shift):
-    """<n x i8> e4m3 codes (n = 16 or 32) -> <n x i16> bf16 bits, the exponent field raised by ``shift`` (an i16
-    value, s << 7; None: unscaled)."""
-    lanes = raw.type.count
-    vty = ir.VectorType(_I16, lanes)
+    """<32 x i8> e4m3 codes -> <32 x i16> bf16 bits, the exponent field raised by ``shift`` (an i16 value, s << 7;
+    None: unscaled)."""
+    vty = ir.VectorType(_I16, 32)
     permw = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty, vty]),
-                                           f"llvm.x86.avx512.permvar.hi.{16 * lanes}")
+                                           "llvm.x86.avx512.permvar.hi.512")
     c = builder.zext(raw, vty)
-    low = builder.and_(c, _i16v(0x7F, lanes))
-    normal = builder.add(builder.shl(low, _i16v(4, lanes)), _i16v(120 << 7, lanes))
-    sub = builder.call(permw, [_i16v(_E4M3_SUBNORMAL_BF16 * (lanes // 8), lanes), builder.and_(low, _i16v(7, lanes))])
-    bits = builder.select(builder.icmp_unsigned("<", low, _i16v(8, lanes)), sub, normal)
-    nan = builder.icmp_unsigned("==", low, _i16v(0x7F, lanes))
+    low = builder.and_(c, _i16v(0x7F))
+    normal = builder.add(builder.shl(low, _i16v(4)), _i16v(120 << 7))
+    sub = builder.call(permw, [_i16v(_E4M3_SUBNORMAL_BF16 * 4), builder.and_(low, _i16v(7))])
+    bits = builder.select(builder.icmp_unsigned("<", low, _i16v(8)), sub, normal)
+    nan = builder.icmp_unsigned("==", low, _i16v(0x7F))
     if shift is not None:
-        special = builder.or_(nan, builder.icmp_unsigned("==", low, _i16v(0, lanes)))
+        special = builder.or_(nan, builder.icmp_unsigned("==", low, _i16v(0)))
         bits = builder.select(special, bits, builder.add(bits, _splat(builder, shift, vty)))
-    bits = builder.select(nan, _i16v(0x7FC0, lanes), bits)
-    return builder.or_(bits, builder.shl(builder.and_(c, _i16v(0x80, lanes)), _i16v(8, lanes)))
+    bits = builder.select(nan, _i16v(0x7FC0), bits)
+    return builder.or_(bits, builder.shl(builder.and_(c, _i16v(0x80)), _i16v(8)))
 
 
 def _e4m3_rows_bf16(builder, sp, ss, shifts):
@@ -148,40 +146,19 @@ def _e4m3_rows_bf16(builder, sp, ss, shifts):
     return rows
 
 
-def _scale_shift(builder, scale):
-    """(i1: the fp32 scale's exponent field is in [E4M3_SCALE_LO, E4M3_SCALE_HI], i16: (field - 127) << 7)."""
-    e = builder.lshr(builder.bitcast(scale, _I32), ir.Constant(_I32, 23))
-    inside = builder.and_(builder.icmp_unsigned(">=", e, ir.Constant(_I32, E4M3_SCALE_LO)),
-                          builder.icmp_unsigned("<=", e, ir.Constant(_I32, E4M3_SCALE_HI)))
-    return inside, builder.trunc(builder.shl(builder.sub(e, ir.Constant(_I32, 127)), ir.Constant(_I32, 7)), _I16)
-
-
 @intrinsic
 def _copy16_bf16(typingctx, dst, src, scale):
-    """dst[0:16] = bf16(value(src[0:16]) * scale): one vector load, decode, multiply, 16-bit store (FP8 codes under a
-    scale inside the 16-bit decode's range: decoded straight to bf16 bits, see _LUT_DECODE)."""
+    """dst[0:16] = bf16(value(src[0:16]) * scale): one vector load, decode, multiply, 16-bit store.
+
+    NOTES: the 16-bit decode of _vnni16x32 (see _LUT_DECODE) made this slower (a 64 x 256 FP8 L0A load 1.35 ->
+    1.57 us: a scale test and branch per 16 codes), so A keeps the fp32 path."""
 
     def codegen(context, builder, signature, args):
         d, s, sc = args
         zero = ir.Constant(_I64, 0)
         v16 = ir.VectorType(_F32, 16)
-        out = _vec_ptr(builder, d, zero, ir.VectorType(_I16, 16))
-
-        def float_path():
-            v = builder.fmul(_load8(context, builder, signature.args[1], s, zero, lanes=16), _splat(builder, sc, v16))
-            builder.store(_to_bf16(builder, v), out, align=2)
-
-        if not (_LUT_DECODE_16 and signature.args[1].dtype == types.uint8):
-            float_path()
-            return context.get_dummy_value()
-        # FP8 codes: the 16-bit decode where the scale keeps every value normal (see _LUT_DECODE)
-        inside, shift = _scale_shift(builder, sc)
-        with builder.if_else(inside) as (fast, slow):
-            with fast:
-                raw = builder.load(_vec_ptr(builder, s, zero, ir.VectorType(_I8, 16)), align=1)
-                builder.store(_e4m3_to_bf16(builder, raw, shift), out, align=2)
-            with slow:
-                float_path()
+        v = builder.fmul(_load8(context, builder, signature.args[1], s, zero, lanes=16), _splat(builder, sc, v16))
+        builder.store(_to_bf16(builder, v), _vec_ptr(builder, d, zero, ir.VectorType(_I16, 16)), align=2)
         return context.get_dummy_value()
 
     if not (isinstance(dst, types.CPointer) and dst.dtype == types.uint16 and _is_l1_ptr(src)):
