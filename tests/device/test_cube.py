@@ -355,9 +355,9 @@ def test_bf16_l0_layouts(rng, l0_dtype):
 @pytest.mark.parametrize("operand", ["a", "b"])
 @pytest.mark.parametrize("exponents", [(0, 1, 9, 10), (11, 120, 127, 134), (245, 246, 247, 254), (255, 127, 10, 246)])
 def test_fp8_bf16_l0_bits_for_every_code_and_scale(l0_dtype, operand, exponents):
-    # Every e4m3 code in every row under UE8M0 scales at and past the edges of the 16-bit decode's range (where a
-    # scale is outside, the fp32 path: for B the whole 16-row step): the L0 bits are the high halves of
-    # fp32(value) * fp32(scale), what the fp32 path computes, either way. One exponent for every row (each of the
+    # Every e4m3 code in every row under UE8M0 scales at and past the edges of the B loads' 16-bit decode (a 16-row
+    # step with a scale outside its range takes the fp32 path; A's loads always do): the L0 bits are the high halves
+    # of fp32(value) * fp32(scale), what the fp32 path computes, either way. One exponent for every row (each of the
     # four), then rows mixing them (each 32-K block shifts which row has which).
     import ml_dtypes
 
