@@ -21,6 +21,16 @@ from ..jit import enums
 from ..jit.numba_setup import apply_numba_settings
 from ._bits import decode_bf16
 from .cube import _data_ptr, _ptr_add
+from .cube_fma import LANES
+from .vector_rows import (
+    row1_fadd,
+    row1_fmul,
+    row2_fadd,
+    row2_fdiv,
+    row2_fmul,
+    row2_fsub,
+    row_sums_f32,
+)
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
 apply_numba_settings()
@@ -172,6 +182,67 @@ def _row_step(x):
     return x.strides[0] // _itemsize(x)
 
 
+def _fast_op(fn) -> str | None:
+    """The fp32 IR operation of an elementwise helper (_add, _sub, _mul, _div), else None."""
+    py_func = getattr(getattr(fn, "dispatcher", None), "py_func", None)
+    return {_add.py_func: "fadd", _sub.py_func: "fsub", _mul.py_func: "fmul", _div.py_func: "fdiv"}.get(py_func)
+
+
+def _has_fast_rows2(fn, d):
+    """True (a compile-time constant) when tensor ``fn`` tensor on the fp32 tensor ``d`` has explicit SIMD rows
+    (device/vector_rows.py: add, sub, mul, div; numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_has_fast_rows2)
+def _has_fast_rows2_impl(fn, d):
+    ok = isinstance(d, types.Array) and d.dtype == types.float32 and _fast_op(fn) is not None
+    return lambda fn, d: ok
+
+
+def _has_fast_rows1(fn, d):
+    """As _has_fast_rows2 for tensor ``fn`` scalar (add, mul; numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_has_fast_rows1)
+def _has_fast_rows1_impl(fn, d):
+    ok = isinstance(d, types.Array) and d.dtype == types.float32 and _fast_op(fn) in ("fadd", "fmul")
+    return lambda fn, d: ok
+
+
+def _fast_row(fn, pd, pa, other, n):
+    """One row through the explicit SIMD loop of ``fn`` (other: a pointer, or a scalar; numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_fast_row, inline="always")
+def _fast_row_impl(fn, pd, pa, other, n):
+    op = _fast_op(fn)
+    if isinstance(other, types.CPointer):
+        kernel = {"fadd": row2_fadd, "fsub": row2_fsub, "fmul": row2_fmul, "fdiv": row2_fdiv}.get(op)
+    else:
+        kernel = {"fadd": row1_fadd, "fmul": row1_fmul}.get(op)
+    if kernel is None or not (isinstance(pd, types.CPointer) and pd.dtype == types.float32):
+        # NOTES: typed (numba types both arms of an if) but never run: the callers test _has_fast_rows first
+        return lambda fn, pd, pa, other, n: None
+    return lambda fn, pd, pa, other, n: kernel(pd, pa, other, n)
+
+
+@njit(cache=True, inline="always")
+def _apart_or_same(x, y):
+    """True when two 2-D tensors with adjacent columns either are the same place (start and row stride) or share no
+    byte: then a row may be computed a vector at a time with the sequential loop's result."""
+    if x.strides[0] < 0 or y.strides[0] < 0:
+        return False
+    xa, ya = x.ctypes.data, y.ctypes.data
+    if xa == ya and x.strides[0] == y.strides[0]:
+        return True
+    x_end = xa + (x.shape[0] - 1) * x.strides[0] + x.shape[1] * _itemsize(x)
+    y_end = ya + (y.shape[0] - 1) * y.strides[0] + y.shape[1] * _itemsize(y)
+    return x.size == 0 or y.size == 0 or x_end <= ya or y_end <= xa
+
+
 # NOTES: the loops below address memory through raw pointers when every operand's columns are adjacent (the
 # usual UB tile or view): plain 2-D indexing carries numba's negative-index wraparound and the runtime column
 # stride, which keep LLVM from vectorising a row; through pointers each row is a plain loop LLVM turns into SIMD
@@ -199,6 +270,10 @@ def _map1(dst, src, count, fn, scalar):
     if _unit_cols(d) and _unit_cols(s):
         pd, ps = _data_ptr(d), _data_ptr(s)
         dr, sr = _row_step(d), _row_step(s)
+        if _has_fast_rows1(fn, d) and _apart_or_same(d, s):
+            for i in range(full + 1):
+                _fast_row(fn, _ptr_add(pd, i * dr), _ptr_add(ps, i * sr), value, d.shape[1] if i < full else rest)
+            return
         if _same_place(d, s):
             # in place: one pointer, so LLVM needs no overlap check (which an exact overlap would fail)
             for i in range(full + 1):
@@ -226,6 +301,11 @@ def _map2(dst, src0, src1, count, fn):
     if _unit_cols(d) and _unit_cols(a) and _unit_cols(b):
         pd, pa, pb = _data_ptr(d), _data_ptr(a), _data_ptr(b)
         dr, ar, br = _row_step(d), _row_step(a), _row_step(b)
+        if _has_fast_rows2(fn, d) and _apart_or_same(d, a) and _apart_or_same(d, b):
+            for i in range(full + 1):
+                _fast_row(fn, _ptr_add(pd, i * dr), _ptr_add(pa, i * ar), _ptr_add(pb, i * br),
+                          d.shape[1] if i < full else rest)
+            return
         if _same_place(d, a):
             for i in range(full + 1):
                 q = _ptr_add(pd, i * dr)
@@ -528,7 +608,23 @@ def _reduce(dst, src, pattern, is_max):
     if pattern == REDUCE_AR:
         if dst.shape[0] < rows:
             raise ValueError("Reduce AR: dst needs one element per row", dst.shape[0], rows)
-        for i in range(rows):
+        first = 0
+        if _sums_by_blocks(src, is_max) and cols >= LANES and dst.strides[0] == _itemsize(dst) \
+                and _unit_cols(src) and _apart_or_same(as_rows(dst), src) \
+                and dst.ctypes.data != src.ctypes.data:
+            # LANES rows at a time, transposed in registers (vector_rows.row_sums_f32), the last columns added per
+            # row in order after them: the same additions in the same order as the loop below
+            pd, ps, ld = _data_ptr(dst), _data_ptr(src), _row_step(src)
+            vcols = cols - cols % LANES
+            first = rows - rows % LANES
+            for i0 in range(0, first, LANES):
+                row_sums_f32(_ptr_add(pd, i0), _ptr_add(ps, i0 * ld), ld, cols)
+                for i in range(i0, i0 + LANES):
+                    acc = dst[i]
+                    for j in range(vcols, cols):
+                        acc = acc + src[i, j]
+                    dst[i] = acc
+        for i in range(first, rows):
             acc = src[i, 0]
             for j in range(1, cols):
                 acc = _max(acc, src[i, j]) if is_max else acc + src[i, j]
@@ -543,6 +639,17 @@ def _reduce(dst, src, pattern, is_max):
                 dst[j] = _max(dst[j], src[i, j]) if is_max else dst[j] + src[i, j]
     else:
         raise ValueError("Reduce: unknown ReducePattern", pattern)
+
+
+def _sums_by_blocks(src, is_max):
+    """True (a compile-time constant) for the fp32 row sums that vector_rows.row_sums_f32 computes (numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_sums_by_blocks)
+def _sums_by_blocks_impl(src, is_max):
+    ok = isinstance(src, types.Array) and src.dtype == types.float32
+    return lambda src, is_max: ok and not is_max
 
 
 @njit(cache=True)

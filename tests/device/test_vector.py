@@ -218,6 +218,93 @@ def test_reductions(rng, pattern):
     np.testing.assert_array_equal(np.isnan(dst[:n]), np.isnan(x.max(axis=axis)))
 
 
+@pytest.mark.parametrize("rows, cols", [(1, 5), (15, 16), (16, 16), (17, 47), (33, 64), (64, 64), (40, 100)])
+def test_row_sums_in_simd_blocks_keep_the_sequential_order(rng, rows, cols):
+    # fp32 ReduceSum AR runs LANES rows at a time, transposed in registers, the columns past the last whole vector
+    # added per row after them: every row's sum is still src[0] + src[1] + ... (bits of a left-to-right cumsum), on a
+    # strided view too; NaN, Inf and -0.0 (whose sum with +0.0 is +0.0) as the loop gives them.
+    big = _data(rng, (rows, cols + 9))
+    big[0, :] = -0.0
+    big[1 % rows, 3:] = 0.0
+    big[2 % rows, 1], big[3 % rows, [0, cols - 1]] = np.nan, (np.inf, -np.inf)  # a few rows only: the rest stay finite
+    for x in (big[:, :cols], np.ascontiguousarray(big[:, :cols])):
+        dst = np.full(rows + 1, 7.0, F32)
+        device.ReduceSum(dst, x, enums.ReducePattern.AR)
+        _assert_same_f32(dst[:rows], _seq_sum(x, 1))
+        assert dst[rows] == 7.0
+
+
+def _assert_same_f32(got, want, err_msg=""):
+    """Bit-equal fp32, except that a NaN only has to be a NaN (which operand's sign and payload an IEEE operation
+    passes on is the compiler's choice: LLVM may commute an addition)."""
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan, err_msg=err_msg)
+    np.testing.assert_array_equal(_bits(np.where(nan, 0, got)), _bits(np.where(nan, 0, want)), err_msg=err_msg)
+
+
+@pytest.mark.parametrize("name, op", [("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply),
+                                      ("Div", np.divide)])
+def test_simd_rows_match_the_element_loop_for_every_aliasing(rng, name, op):
+    # fp32 add / sub / mul / div rows run as explicit SIMD when dst is exactly in place or apart from every source;
+    # a dst overlapping a source at an offset keeps the element loop (each element sees the earlier writes). Row
+    # lengths around the vector width, a partial last row (count), NaN / Inf operands.
+    fn = getattr(device, name)
+    with np.errstate(all="ignore"):
+        for cols in (1, 7, 8, 15, 16, 17, 31, 33, 64):
+            buf = _data(rng, (6, cols + 40))
+            other = _data(rng, (6, cols + 40))
+            buf[1, ::5], other[2, 1::4] = np.nan, np.inf  # two rows of NaN / Inf operands; the others finite
+            count = 5 * cols + cols // 2  # five rows and part of the sixth
+            cases = {
+                "apart": (buf[:, :cols], other[:, 3:3 + cols], other[:, 20:20 + cols]),
+                "in place": (buf[:, :cols], buf[:, :cols], other[:, :cols]),
+                "overlap +1": (buf[:, 1:1 + cols], buf[:, :cols], other[:, :cols]),
+                "overlap -1": (buf[:, :cols], buf[:, 1:1 + cols], other[:, :cols]),
+            }
+            for case, (d, a, b) in cases.items():
+                want_buf, want_other = buf.copy(), other.copy()
+                fn(d, a, b, count)
+                got = (buf.copy(), other.copy())
+                buf[...], other[...] = want_buf, want_other
+                # the expected result: the same element loop in Python on copies of the same memory
+                exp_d = _offset_view(want_buf, want_other, d, buf, other)
+                exp_a = _offset_view(want_buf, want_other, a, buf, other)
+                exp_b = _offset_view(want_buf, want_other, b, buf, other)
+                for k in range(count):
+                    i, j = divmod(k, cols)
+                    exp_d[i, j] = op(exp_a[i, j], exp_b[i, j])
+                _assert_same_f32(got[0], want_buf, err_msg=f"{name} {case} cols={cols}")
+                _assert_same_f32(got[1], want_other, err_msg=f"{name} {case} cols={cols}")
+                buf[...], other[...] = got
+
+
+def _offset_view(new_buf, new_other, view, buf, other):
+    """The view of ``new_buf`` / ``new_other`` at the place ``view`` has in ``buf`` / ``other``."""
+    for old, new in ((buf, new_buf), (other, new_other)):
+        if np.shares_memory(view, old):
+            start = (view.ctypes.data - old.ctypes.data) // 4
+            r, c = divmod(start, old.shape[1])
+            return new[r:r + view.shape[0], c:c + view.shape[1]]
+    raise AssertionError("view of neither buffer")
+
+
+@pytest.mark.parametrize("name, op", [("Adds", np.add), ("Muls", np.multiply)])
+def test_simd_scalar_rows_match_the_element_loop(rng, name, op):
+    fn = getattr(device, name)
+    with np.errstate(all="ignore"):
+        for cols in (3, 16, 17, 64):
+            src = _data(rng, (5, cols + 8))[:, 2:2 + cols]
+            src[1, ::3] = np.nan
+            for d in (np.zeros((5, cols), F32), src):  # apart, and in place
+                a = src.copy()
+                count = 4 * cols + 1
+                keep = d.copy()
+                fn(d, src if d is not src else d, -1.75, count)
+                want = keep.copy()
+                want.reshape(-1)[:count] = op(a.reshape(-1)[:count], F32(-1.75))
+                _assert_same_f32(d, want)
+
+
 def _special_f32(rng):
     hi = rng.integers(0, 1 << 16, size=3000, dtype=np.uint32) << 16
     tails = np.array([0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x80000, 0x7FFFF, 0x100000], np.uint32)
