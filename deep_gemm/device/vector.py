@@ -22,15 +22,7 @@ from ..jit.numba_setup import apply_numba_settings
 from ._bits import decode_bf16
 from .cube import _data_ptr, _ptr_add
 from .cube_fma import LANES
-from .vector_rows import (
-    row1_fadd,
-    row1_fmul,
-    row2_fadd,
-    row2_fdiv,
-    row2_fmul,
-    row2_fsub,
-    row_sums_f32,
-)
+from .vector_rows import row_sums_f32
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
 apply_numba_settings()
@@ -182,57 +174,11 @@ def _row_step(x):
     return x.strides[0] // _itemsize(x)
 
 
-def _fast_op(fn) -> str | None:
-    """The fp32 IR operation of an elementwise helper (_add, _sub, _mul, _div), else None."""
-    py_func = getattr(getattr(fn, "dispatcher", None), "py_func", None)
-    return {_add.py_func: "fadd", _sub.py_func: "fsub", _mul.py_func: "fmul", _div.py_func: "fdiv"}.get(py_func)
-
-
-def _has_fast_rows2(fn, d):
-    """True (a compile-time constant) when tensor ``fn`` tensor on the fp32 tensor ``d`` has explicit SIMD rows
-    (device/vector_rows.py: add, sub, mul, div; numba-only)."""
-    raise NotImplementedError("numba-only helper")
-
-
-@overload(_has_fast_rows2)
-def _has_fast_rows2_impl(fn, d):
-    ok = isinstance(d, types.Array) and d.dtype == types.float32 and _fast_op(fn) is not None
-    return lambda fn, d: ok
-
-
-def _has_fast_rows1(fn, d):
-    """As _has_fast_rows2 for tensor ``fn`` scalar (add, mul; numba-only)."""
-    raise NotImplementedError("numba-only helper")
-
-
-@overload(_has_fast_rows1)
-def _has_fast_rows1_impl(fn, d):
-    ok = isinstance(d, types.Array) and d.dtype == types.float32 and _fast_op(fn) in ("fadd", "fmul")
-    return lambda fn, d: ok
-
-
-def _fast_row(fn, pd, pa, other, n):
-    """One row through the explicit SIMD loop of ``fn`` (other: a pointer, or a scalar; numba-only)."""
-    raise NotImplementedError("numba-only helper")
-
-
-@overload(_fast_row, inline="always")
-def _fast_row_impl(fn, pd, pa, other, n):
-    op = _fast_op(fn)
-    if isinstance(other, types.CPointer):
-        kernel = {"fadd": row2_fadd, "fsub": row2_fsub, "fmul": row2_fmul, "fdiv": row2_fdiv}.get(op)
-    else:
-        kernel = {"fadd": row1_fadd, "fmul": row1_fmul}.get(op)
-    if kernel is None or not (isinstance(pd, types.CPointer) and pd.dtype == types.float32):
-        # NOTES: typed (numba types both arms of an if) but never run: the callers test _has_fast_rows first
-        return lambda fn, pd, pa, other, n: None
-    return lambda fn, pd, pa, other, n: kernel(pd, pa, other, n)
-
-
 @njit(cache=True, inline="always")
 def _apart_or_same(x, y):
     """True when two 2-D tensors with adjacent columns either are the same place (start and row stride) or share no
-    byte: then a row may be computed a vector at a time with the sequential loop's result."""
+    byte: then an instruction may read a block of the source before writing the destination and still give the
+    element loop's result."""
     if x.strides[0] < 0 or y.strides[0] < 0:
         return False
     xa, ya = x.ctypes.data, y.ctypes.data
@@ -270,10 +216,6 @@ def _map1(dst, src, count, fn, scalar):
     if _unit_cols(d) and _unit_cols(s):
         pd, ps = _data_ptr(d), _data_ptr(s)
         dr, sr = _row_step(d), _row_step(s)
-        if _has_fast_rows1(fn, d) and _apart_or_same(d, s):
-            for i in range(full + 1):
-                _fast_row(fn, _ptr_add(pd, i * dr), _ptr_add(ps, i * sr), value, d.shape[1] if i < full else rest)
-            return
         if _same_place(d, s):
             # in place: one pointer, so LLVM needs no overlap check (which an exact overlap would fail)
             for i in range(full + 1):
@@ -301,11 +243,6 @@ def _map2(dst, src0, src1, count, fn):
     if _unit_cols(d) and _unit_cols(a) and _unit_cols(b):
         pd, pa, pb = _data_ptr(d), _data_ptr(a), _data_ptr(b)
         dr, ar, br = _row_step(d), _row_step(a), _row_step(b)
-        if _has_fast_rows2(fn, d) and _apart_or_same(d, a) and _apart_or_same(d, b):
-            for i in range(full + 1):
-                _fast_row(fn, _ptr_add(pd, i * dr), _ptr_add(pa, i * ar), _ptr_add(pb, i * br),
-                          d.shape[1] if i < full else rest)
-            return
         if _same_place(d, a):
             for i in range(full + 1):
                 q = _ptr_add(pd, i * dr)
@@ -608,22 +545,7 @@ def _reduce(dst, src, pattern, is_max):
     if pattern == REDUCE_AR:
         if dst.shape[0] < rows:
             raise ValueError("Reduce AR: dst needs one element per row", dst.shape[0], rows)
-        first = 0
-        if _sums_by_blocks(src, is_max) and cols >= LANES and dst.strides[0] == _itemsize(dst) \
-                and _unit_cols(src) and _apart_or_same(as_rows(dst), src) \
-                and dst.ctypes.data != src.ctypes.data:
-            # LANES rows at a time, transposed in registers (vector_rows.row_sums_f32), the last columns added per
-            # row in order after them: the same additions in the same order as the loop below
-            pd, ps, ld = _data_ptr(dst), _data_ptr(src), _row_step(src)
-            vcols = cols - cols % LANES
-            first = rows - rows % LANES
-            for i0 in range(0, first, LANES):
-                row_sums_f32(_ptr_add(pd, i0), _ptr_add(ps, i0 * ld), ld, cols)
-                for i in range(i0, i0 + LANES):
-                    acc = dst[i]
-                    for j in range(vcols, cols):
-                        acc = acc + src[i, j]
-                    dst[i] = acc
+        first = 0 if is_max else _row_sums_by_blocks(dst, src, rows, cols)
         for i in range(first, rows):
             acc = src[i, 0]
             for j in range(1, cols):
@@ -641,15 +563,35 @@ def _reduce(dst, src, pattern, is_max):
         raise ValueError("Reduce: unknown ReducePattern", pattern)
 
 
-def _sums_by_blocks(src, is_max):
-    """True (a compile-time constant) for the fp32 row sums that vector_rows.row_sums_f32 computes (numba-only)."""
+def _row_sums_by_blocks(dst, src, rows, cols):
+    """ReduceSum AR's first rows (a multiple of LANES) where explicit SIMD applies; returns how many rows it summed,
+    0 when none (numba-only)."""
     raise NotImplementedError("numba-only helper")
 
 
-@overload(_sums_by_blocks)
-def _sums_by_blocks_impl(src, is_max):
-    ok = isinstance(src, types.Array) and src.dtype == types.float32
-    return lambda src, is_max: ok and not is_max
+@overload(_row_sums_by_blocks)
+def _row_sums_by_blocks_impl(dst, src, rows, cols):
+    if not (src.dtype == dst.dtype == types.float32):
+        return lambda dst, src, rows, cols: 0
+
+    def impl(dst, src, rows, cols):
+        if cols < LANES or dst.strides[0] != 4 or not _unit_cols(src) or not _apart_or_same(as_rows(dst), src):
+            return 0
+        # LANES rows at a time, transposed in registers (vector_rows.row_sums_f32), the last columns added per row in
+        # order after them: the additions of the element loop, in its order
+        pd, ps, ld = _data_ptr(dst), _data_ptr(src), _row_step(src)
+        vcols = cols - cols % LANES
+        done = rows - rows % LANES
+        for i0 in range(0, done, LANES):
+            row_sums_f32(_ptr_add(pd, i0), _ptr_add(ps, i0 * ld), ld, cols)
+            for i in range(i0, i0 + LANES):
+                acc = dst[i]
+                for j in range(vcols, cols):
+                    acc = acc + src[i, j]
+                dst[i] = acc
+        return done
+
+    return impl
 
 
 @njit(cache=True)

@@ -244,9 +244,9 @@ def _assert_same_f32(got, want, err_msg=""):
 
 @pytest.mark.parametrize("name, op", [("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply),
                                       ("Div", np.divide)])
-def test_simd_rows_match_the_element_loop_for_every_aliasing(rng, name, op):
-    # fp32 add / sub / mul / div rows run as explicit SIMD when dst is exactly in place or apart from every source;
-    # a dst overlapping a source at an offset keeps the element loop (each element sees the earlier writes). Row
+def test_elementwise_rows_match_the_element_loop_for_every_aliasing(rng, name, op):
+    # fp32 add / sub / mul / div over vectorised rows give the element loop's result whether dst is apart from the
+    # sources, exactly in place, or overlapping a source at an offset (each element sees the earlier writes). Row
     # lengths around the vector width, a partial last row (count), NaN / Inf operands.
     fn = getattr(device, name)
     with np.errstate(all="ignore"):
@@ -289,7 +289,7 @@ def _offset_view(new_buf, new_other, view, buf, other):
 
 
 @pytest.mark.parametrize("name, op", [("Adds", np.add), ("Muls", np.multiply)])
-def test_simd_scalar_rows_match_the_element_loop(rng, name, op):
+def test_scalar_rows_match_the_element_loop(rng, name, op):
     fn = getattr(device, name)
     with np.errstate(all="ignore"):
         for cols in (3, 16, 17, 64):
