@@ -18,8 +18,8 @@ from .cube_fma import (
     _as_intp,
     _is_l1_ptr,
     _load8,
-    _shuffle,
     _splat,
+    _transpose_square,
     _vec_ptr,
 )
 
@@ -235,14 +235,7 @@ def _vnni_codegen(scaled: bool):
                 phi.add_incoming(x, fast_block)
                 phi.add_incoming(y, slow_block)
                 rows.append(phi)
-        # Butterfly transpose: the stage of width b swaps the off-diagonal b-blocks of rows i and i | b.
-        for b in (8, 4, 2, 1):
-            lo_idx = [lane if lane & b == 0 else 16 + lane - b for lane in range(16)]
-            hi_idx = [lane + b if lane & b == 0 else 16 + lane for lane in range(16)]
-            for i in range(16):
-                if i & b == 0:
-                    x, y = rows[i], rows[i | b]
-                    rows[i], rows[i | b] = _shuffle(builder, x, y, lo_idx), _shuffle(builder, x, y, hi_idx)
+        rows = _transpose_square(builder, rows)
         for p in range(16):
             builder.store(rows[p], _vec_ptr(builder, d, ir.Constant(_I64, 32 * p), v16), align=2)
         return context.get_dummy_value()

@@ -86,6 +86,23 @@ def _shuffle(builder, a, b, idx):
     return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
 
 
+def _transpose_square(builder, rows):
+    """n vectors of n lanes (the rows of an n x n block, n a power of two) -> its n columns: log2(n) butterfly stages
+    of 2-input shuffles (the stage of width b swaps the off-diagonal b-blocks of rows i and i | b)."""
+    rows = list(rows)
+    n = len(rows)
+    b = n // 2
+    while b:
+        lo_idx = [lane if lane & b == 0 else n + lane - b for lane in range(n)]
+        hi_idx = [lane + b if lane & b == 0 else n + lane for lane in range(n)]
+        for i in range(n):
+            if i & b == 0:
+                x, y = rows[i], rows[i | b]
+                rows[i], rows[i | b] = _shuffle(builder, x, y, lo_idx), _shuffle(builder, x, y, hi_idx)
+        b //= 2
+    return rows
+
+
 def _as_intp(context, builder, value, ty):
     return context.cast(builder, value, ty, types.intp)
 

@@ -15,7 +15,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from ..jit.numba_setup import apply_numba_settings
-from .cube_fma import LANES, _as_intp, _shuffle, _vec_ptr
+from .cube_fma import LANES, _as_intp, _transpose_square, _vec_ptr
 
 # NOTES: must run before anything here can compile (numba reads it when building its CPU target).
 apply_numba_settings()
@@ -26,21 +26,6 @@ _VF = ir.VectorType(_F32, LANES)
 
 def _is_f32_ptr(p) -> bool:
     return isinstance(p, types.CPointer) and p.dtype == types.float32
-
-
-def _transpose(builder, rows):
-    """LANES vectors (rows) -> LANES vectors (columns): butterfly stages of 2-input shuffles."""
-    rows = list(rows)
-    b = LANES // 2
-    while b:
-        lo_idx = [lane if lane & b == 0 else LANES + lane - b for lane in range(LANES)]
-        hi_idx = [lane + b if lane & b == 0 else LANES + lane for lane in range(LANES)]
-        for i in range(LANES):
-            if i & b == 0:
-                x, y = rows[i], rows[i | b]
-                rows[i], rows[i | b] = _shuffle(builder, x, y, lo_idx), _shuffle(builder, x, y, hi_idx)
-        b //= 2
-    return rows
 
 
 @intrinsic
@@ -61,7 +46,7 @@ def row_sums_f32(typingctx, pd, ps, ld, cols):
         offsets = [builder.mul(ld, ir.Constant(intp, r)) for r in range(LANES)]
 
         def block_columns(c0):
-            return _transpose(builder, [builder.load(_vec_ptr(builder, ps, builder.add(off, c0), _VF), align=4)
+            return _transpose_square(builder, [builder.load(_vec_ptr(builder, ps, builder.add(off, c0), _VF), align=4)
                                         for off in offsets])
 
         first = block_columns(ir.Constant(intp, 0))
