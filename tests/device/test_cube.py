@@ -381,6 +381,15 @@ def test_fp8_bf16_l0_bits_for_every_code_and_scale(l0_dtype, operand, exponents)
         nan_scale = np.repeat(scales, 32, axis=1) == 255
         np.testing.assert_array_equal(np.where(nan_scale, 0, got), np.where(nan_scale, 0, want))
         assert np.all((got[nan_scale] & 0x7FFF) > 0x7F80)
+    # and without scales (the codes' own values; NaN codes keep their sign)
+    l0 = np.full(cube.l0b_size(rows, k), 0xFFFF, dtype=np.uint16).view(l0_dtype)
+    if operand == "a":
+        cube.load_l0a(l0, codes, sf, 0, 0, rows, k, False)
+        got = l0.view(np.uint16)[: rows * k].reshape(rows, k)
+    else:
+        cube.load_l0b(l0, codes, sf, 0, 0, rows, k, False)
+        got = l0.view(np.uint16)[: k * rows].reshape(k // 2, rows, 2).transpose(1, 0, 2).reshape(rows, k)
+    np.testing.assert_array_equal(got, (values.view(np.uint32) >> np.uint32(16)).astype(np.uint16))
 
 
 @pytest.mark.parametrize("l0_dtype", BF16_UNITS)
