@@ -103,8 +103,9 @@ def _to_bf16(builder, v):
 # |value| in [2^-9, 448] times 2^s stays normal for s in [E4M3_SCALE_LO, E4M3_SCALE_HI] - 127. Where a scale is
 # outside (any of a B panel's 16-row step), the codes take the fp32 path (decode, multiply, high half); both give
 # the same bits wherever the fast one applies (tests/device/test_cube.py checks every code and edge scale).
-# Measured: a 128 x 256 FP8 L0B load with scales 5.07 -> 2.52 us; FP8 128x7168x2048 (2 threads, fp32 scales) 6.75 ->
-# 6.2-6.5 ms a call, packed scales 6.44 -> 5.9-6.0. (A's loads keep the fp32 path: see _copy16_bf16.)
+# Measured: a 128 x 256 FP8 L0B load with scales 5.07 -> 2.52 us; FP8 128x7168x2048 (2 threads) 6.68-7.01 ->
+# 5.96-6.15 ms a call with fp32 scales, 6.34-6.52 -> 5.65-5.66 with packed ones. (A's loads keep the fp32 path: see
+# _copy16_bf16.)
 _LUT_DECODE = "+avx512bw" in host_cpu_features().split(",")
 E4M3_SCALE_LO, E4M3_SCALE_HI = 10, 246
 _E4M3_SUBNORMAL_BF16 = [0] + [int(np.float32(m * 2.0**-9).view(np.uint32)) >> 16 for m in range(1, 8)]
