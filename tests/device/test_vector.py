@@ -230,7 +230,9 @@ def test_row_sums_in_simd_blocks_keep_the_sequential_order(rng, rows, cols):
     for x in (big[:, :cols], np.ascontiguousarray(big[:, :cols])):
         dst = np.full(rows + 1, 7.0, F32)
         device.ReduceSum(dst, x, enums.ReducePattern.AR)
-        _assert_same_f32(dst[:rows], _seq_sum(x, 1))
+        with np.errstate(invalid="ignore"):  # Inf + -Inf in a row
+            want = _seq_sum(x, 1)
+        _assert_same_f32(dst[:rows], want)
         assert dst[rows] == 7.0
 
 
