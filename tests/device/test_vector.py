@@ -301,7 +301,7 @@ def test_scalar_rows_match_the_element_loop(rng, name, op):
                 a = src.copy()
                 count = 4 * cols + 1
                 keep = d.copy()
-                fn(d, src if d is not src else d, -1.75, count)
+                fn(d, src, -1.75, count)
                 want = keep.copy()
                 want.reshape(-1)[:count] = op(a.reshape(-1)[:count], F32(-1.75))
                 _assert_same_f32(d, want)
