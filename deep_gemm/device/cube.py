@@ -219,7 +219,7 @@ def _load_b_core(pd, ps, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with
                     for rr in range(8):
                         zero_row[rr] = np.float32(0.0)
                 continue
-            # Scalar rest: the K tail, and rows past mad_n (zero padding of the last panel)
+            # Scalar rest: the K tail, and a group of rows that straddles mad_n (zeros past it)
             for rr in range(8):
                 row = r0 + rr
                 for kk in range(k_scalar, mad_k):

@@ -414,8 +414,8 @@ def _microkernel(mr, kc, pa, lda, pb, pc, ldc, init):
 
 # The last, partial panel of a tile (mad_n % NR != 0): one vector (_ut*) when its columns fit one, else two (_uu*),
 # the last vector masked to the columns that are there.
-_ut = [_make_microkernel(mr, 1, True) for mr in range(1, MR + 1)] + [None] * (8 - MR)
-_uu = [_make_microkernel(mr, NR // LANES, True) for mr in range(1, MR + 1)] + [None] * (8 - MR)
+_ut = [_make_microkernel(mr, 1, True) for mr in range(1, MR + 1)]
+_uu = [_make_microkernel(mr, NR // LANES, True) for mr in range(1, MR + 1)]
 _ut1, _ut2, _ut3, _ut4, _ut5, _ut6 = _ut[:6]
 _uu1, _uu2, _uu3, _uu4, _uu5, _uu6 = _uu[:6]
 # NOTES: as _uk7 / _uk8: the 7- and 8-row names alias the 6-row kernels where MR = 6.

@@ -575,7 +575,8 @@ def _row_sums_by_blocks_impl(dst, src, rows, cols):
         return lambda dst, src, rows, cols: 0
 
     def impl(dst, src, rows, cols):
-        if cols < LANES or dst.strides[0] != 4 or not _unit_cols(src) or not _apart_or_same(as_rows(dst), src):
+        if cols < LANES or dst.strides[0] != _itemsize(dst) or not _unit_cols(src) \
+                or not _apart_or_same(as_rows(dst), src):
             return 0
         # LANES rows at a time, transposed in registers (vector_rows.row_sums_f32), the last columns added per row in
         # order after them: the additions of the element loop, in its order
