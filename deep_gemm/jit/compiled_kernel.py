@@ -85,26 +85,32 @@ def launcher_mode() -> str:
     return mode
 
 
+# The threads launcher's own trailing argument of every entry (after the cancel flag): the launch's core counter
+# (jit/launch.py), as numba types it and as its name in a native record's signature.
+CORE_COUNTER_TYPE_NAME = "array(int64, 1d, C)"
+
+
 class EntryFunction:
-    """The numba dispatcher that runs a kernel, seen with the kernel's own signature (the launcher's leading
-    first_core/core_step arguments are added here): ``compile(sig)``, ``stats``, ``dispatcher``."""
+    """The numba dispatcher that runs a kernel, seen with the kernel's own signature (the threads launcher's
+    trailing core counter is added here): ``compile(sig)``, ``stats``, ``dispatcher``."""
 
     def __init__(self, dispatcher, launcher: str):
         self.dispatcher = dispatcher
         self.launcher = launcher
 
-    def _full(self, sig):
+    def full_signature(self, sig) -> tuple:
+        """``sig`` (the kernel's arguments, the cancel flag included) as the launcher calls the entry."""
         from numba import types
         from numba.core import sigutils
 
         if isinstance(sig, str):
             sig = sigutils.normalize_signature(sig)[0]
         sig = tuple(sig)
-        return (types.int64, types.int64, *sig) if self.launcher == "threads" else sig
+        return (*sig, types.Array(types.int64, 1, "C")) if self.launcher == "threads" else sig
 
     def compile(self, sig):
         """Compile (or load from numba's cache) for a tuple of numba types or a signature string."""
-        return self.dispatcher.compile(self._full(sig))
+        return self.dispatcher.compile(self.full_signature(sig))
 
     @property
     def stats(self):
@@ -285,13 +291,13 @@ class CompiledKernel:
     def _native_covers(self, args: tuple) -> bool:
         """True when the native library's signature is the one numba would pick for ``args`` (bound arguments),
         decided without importing numba (its type names are spelled here for what a bind produces)."""
-        wanted = ["int64", "int64"]
+        wanted = []
         for a in args:
             name = _numba_type_name(a)
             if name is None:
                 return False
             wanted.append(name)
-        return wanted == list(self.native.record.get("signature", ()))
+        return [*wanted, CORE_COUNTER_TYPE_NAME] == list(self.native.record.get("signature", ()))
 
     def _ensure_compiled(self, sig: tuple, args: tuple, build_native: bool = True) -> None:
         import numba
@@ -349,11 +355,9 @@ class CompiledKernel:
         if self.meta.get("is_mixed") or envs.DG_SYNC_CHECK.get():
             self._native_unavailable("mixed and checker kernels keep the numba path")
             return
-        from numba import types as nb_types
-
         try:
             job = native.prepare_build(self.path, self.path.parent.parent, self.digest,
-                                       [fn.dispatcher for fn in self.phase_fns], (nb_types.int64, nb_types.int64, *sig))
+                                       [fn.dispatcher for fn in self.phase_fns], self.fn.full_signature(sig))
         except native.NativeUnavailable as e:
             self._native_unavailable(str(e))
             return

@@ -106,3 +106,66 @@ def _cancel_requested_impl(flag):
 
         return impl
     return None
+
+
+# -- Core claiming -------------------------------------------------------------------------------------------------
+# NOTES: every threads-launcher entry takes a second hidden trailing argument, the launch's int64[2] core counter
+# (jit/launch.py: one per launch, zeros at the start): [0] the logical cores claimed, [1] the entry calls finished.
+# Each thread running the entry claims the next unclaimed core with an atomic add until all NUM_AI_CORES are taken,
+# so a thread that starts late (a woken worker) takes only what is left and the caller never waits for it to start.
+# A core's result never depends on which thread ran it (each core starts from its own state), so the claim order
+# changes no bit of the output. The entry's last act is the atomic add to [1] (release order: its writes become
+# visible first), which the caller watches while the GIL is still its own (jit/launch.py).
+
+
+def claim_core(counter) -> int:
+    """The launch's next unclaimed logical core: counter[0] before an atomic increment (past the last core once every
+    core is claimed). The plain-Python forms here serve kernels run without numba (tests)."""
+    core = int(counter[0])
+    counter[0] = core + 1
+    return core
+
+
+@intrinsic
+def _fetch_add(typingctx, counter):
+    if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.atomic_rmw("add", data, context.get_constant(types.int64, 1), "monotonic")
+
+    return types.int64(counter), codegen
+
+
+@overload(claim_core)
+def _claim_core_impl(counter):
+    if isinstance(counter, types.Array) and counter.dtype == types.int64:
+        return lambda counter: _fetch_add(counter)
+    return None
+
+
+def finish_part(counter) -> None:
+    """Count one finished entry call of the launch: counter[1] += 1, atomically (the entry's last act)."""
+    counter[1] += 1
+
+
+@intrinsic
+def _finish_add(typingctx, counter):
+    if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        slot = builder.gep(data, [context.get_constant(types.intp, 1)])
+        builder.atomic_rmw("add", slot, context.get_constant(types.int64, 1), "release")
+        return context.get_dummy_value()
+
+    return types.none(counter), codegen
+
+
+@overload(finish_part)
+def _finish_part_impl(counter):
+    if isinstance(counter, types.Array) and counter.dtype == types.int64:
+        return lambda counter: _finish_add(counter)
+    return None

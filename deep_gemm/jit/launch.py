@@ -1,9 +1,19 @@
 """Run a translated kernel over its logical AI cores on the CPU threads: a tiny persistent worker pool.
 
-The kernel entry is a ``nogil`` numba function ``entry(first_core, core_step, *args)`` that runs the cores
-first_core, first_core + core_step, ... one after the other. A launch on T threads is one job of T parts (part i
-runs ``entry(i, T, *args)``); the calling thread and the pool's workers claim parts until none is left, so a part's
-logical cores, and so the result, never depend on which thread ran it.
+The kernel entry is a ``nogil`` numba function ``entry(*args, cores)`` that runs logical cores one after the other,
+each claimed from ``cores`` (the launch's int64[2] counter, jit/cruntime.py claim_core) until every core is claimed,
+and then counts itself finished in ``cores[1]``. A launch on T threads is one job of T parts, each one call of the
+entry; the calling thread starts at once and the pool's workers join as they wake, so a worker that wakes late finds
+less (or nothing) left and the caller never waits for it to start. Once its own calls are done the caller watches
+``cores[1]`` for a short while before it blocks. A core's result never depends on which thread ran it (each core
+starts from its own state), so the output is the same bits whatever the thread count or claim order.
+
+NOTES: parts were fixed strides of cores (part i: cores i, i + T, ...) and the caller blocked on a lock until the
+last one ended. On a VM whose idle vCPUs halt at once a blocked thread is woken 20-60 us late: a worker started that
+long after the launch and the caller returned that long after the worker's part, more than a small launch's work.
+A caller that returns on the counter may leave a worker still returning from its call: that worker holds the
+arguments (it runs no kernel code) until it next gets the GIL, within the interpreter's switch interval (5 ms) or at
+the caller's next blocking or nogil call.
 
 NOTES: this replaces a numba ``parallel=True`` wrapper (still generated as ``<entry>_prange``, DG_JIT_LAUNCHER=prange)
 because numba re-optimizes and re-generates every linked callee in each library that links it: the parfor adds
@@ -31,6 +41,9 @@ import os
 import queue
 import sys
 import threading
+import time
+
+import numpy as np
 
 from . import interrupt
 
@@ -53,15 +66,31 @@ def _cpu_count() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+# NOTES: how long a caller that finished its own entry calls watches the counter for the other threads' calls to
+# finish before it blocks (a blocked caller is woken 20-60 us late here). Longer launches block as before.
+_WATCH_S = 100e-6
+
+
+def _core_counter() -> np.ndarray:
+    """A launch's core counter (the entry's hidden trailing argument): [0] logical cores claimed, [1] entry calls
+    finished; zeros."""
+    return np.zeros(2, np.int64)
+
+
 class _Job:
-    """One launch: parts 0..parts-1, part i running ``fn(i, parts, *args)``, claimed by whichever thread is free."""
+    """One launch: parts 0..parts-1, each one call ``fn(*args, cores)`` on whichever thread claims it; the calls
+    share ``cores``, the launch's counter of claimed logical cores (``num_cores`` in all)."""
 
-    __slots__ = ("fn", "args", "parts", "error", "_done", "_next", "_pending", "_lock")
+    __slots__ = ("fn", "args", "parts", "cores", "num_cores", "skipped", "error", "_done", "_next", "_pending",
+                 "_lock")
 
-    def __init__(self, fn, args: tuple, parts: int):
+    def __init__(self, fn, args: tuple, parts: int, num_cores: int):
         self.fn = fn
-        self.args = args
+        self.cores = _core_counter()
+        self.num_cores = num_cores
+        self.args = (*args, self.cores)
         self.parts = parts
+        self.skipped = 0  # parts claimed after every core was (their entry call skipped)
         self.error: BaseException | None = None
         # NOTES: a lock held until the last part ends (cheaper to make than an Event: dispatch is microseconds).
         self._done = threading.Lock()
@@ -75,6 +104,17 @@ class _Job:
         self._done.acquire()
         self._done.release()
 
+    def watch(self, seconds: float) -> bool:
+        """True once every part's entry call has finished (it counts itself in cores[1], without the GIL) or was
+        skipped, watched for up to ``seconds``; False when that did not happen in time (a part still runs, or one
+        raised: an entry that raised never counts itself)."""
+        deadline = time.perf_counter() + seconds
+        cores = self.cores
+        while cores[1] + self.skipped < self.parts:
+            if time.perf_counter() > deadline:
+                return False
+        return True
+
     def claim(self) -> int:
         """The next unclaimed part, or -1 when every part is taken."""
         with self._lock:
@@ -86,7 +126,13 @@ class _Job:
 
     def run(self, part: int) -> None:
         try:
-            self.fn(part, self.parts, *self.args)
+            # NOTES: a part claimed after every core was (a worker that woke late) has nothing to run: skip the call
+            # (a numba dispatch and, for a mixed kernel, a fresh cross-core state). A stale read only costs the call.
+            if self.cores[0] < self.num_cores:
+                self.fn(*self.args)
+            else:
+                with self._lock:
+                    self.skipped += 1
         except BaseException as e:  # noqa: BLE001 - handed to the launching thread
             if self.error is None:
                 self.error = e
@@ -113,8 +159,8 @@ def _worker_loop(jobs: queue.SimpleQueue) -> None:
 
 
 class CoreLauncher:
-    """Runs ``entry(i, T, *args)`` for i in 0..T-1 on up to T threads (the caller takes parts too) and returns when
-    all have finished; the first exception of any part is re-raised on the caller."""
+    """Runs ``entry(*args, cores)`` on up to T threads (the caller first), which share the launch's logical cores, and
+    returns when all have finished; the first exception of any call is re-raised on the caller."""
 
     def __init__(self):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -135,31 +181,35 @@ class CoreLauncher:
         threads = min(num_threads(), num_cores)
         call = interrupt.current()
         if call is not None and call.cancellable:
-            self._launch_cancellable(entry, threads, args, call)
+            self._launch_cancellable(entry, num_cores, threads, args, call)
             return
         if threads <= 1:
             # NOTES: one native call: Python handles a SIGINT only after it returns, so it is atomic already.
-            entry(0, 1, *args)
+            entry(*args, _core_counter())
             return
-        job = _Job(entry, args, threads)
+        job = _Job(entry, args, threads, num_cores)
         with interrupt.HeldSigint():
+            finished = False
             try:
                 self._ensure(threads - 1)
                 for _ in range(threads - 1):
                     self._jobs.put(job)
                 job.run_all()
+                finished = job.watch(_WATCH_S)
             finally:
-                # NOTES: whatever happened above, no part of this job may still run once launch returns.
-                job.run_all()
-                job.wait()
+                # NOTES: whatever happened above, no part of this job may still run kernel code once launch returns
+                # (after a watch, a worker may still be returning from a finished call: see the module's NOTES).
+                if not finished:
+                    job.run_all()
+                    job.wait()
                 job.args = ()  # stale queue entries must not keep the caller's arrays alive
         if job.error is not None:
             raise job.error
 
-    def _launch_cancellable(self, entry, threads: int, args: tuple, call) -> None:
+    def _launch_cancellable(self, entry, num_cores: int, threads: int, args: tuple, call) -> None:
         """A launch of a cancellable call (jit/interrupt.py): every part runs on a worker while this thread waits,
         so a SIGINT is handled at once (it sets the kernels' cancel flag; they stop at their next tile)."""
-        job = _Job(entry, args, threads)
+        job = _Job(entry, args, threads, num_cores)
         self._ensure(threads)
         call.in_launch = True
         try:

@@ -82,8 +82,8 @@ def enabled() -> bool:
 
 
 class NativeKernel:
-    """A kernel's native library, loaded: ``phases`` are ctypes functions ``fn(first_core, core_step, *args)``
-    (the numba entry's signature; arrays passed as numpy arrays), raising NativeStatus on a failed status."""
+    """A kernel's native library, loaded: ``phases`` are ctypes functions ``fn(*args, cores)`` (the numba entry's
+    signature; arrays passed as numpy arrays), raising NativeStatus on a failed status."""
 
     def __init__(self, handle: ctypes.CDLL, record: dict, path: Path):
         self.handle = handle

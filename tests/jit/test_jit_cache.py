@@ -422,7 +422,7 @@ def test_debug_ladder(fresh_root, monkeypatch, capsys):
     build_vadd(TILE=48)
     err = capsys.readouterr().err
     assert "constants {" in err and "rendered source" in err and "translated source" in err
-    assert "constexpr int32_t TILE = 48;" in err and "def vadd(_first_core, _core_step" in err
+    assert "constexpr int32_t TILE = 48;" in err and "def vadd(" in err and "_dg_cores):" in err
 
 
 def test_bad_arguments_to_build():

@@ -104,6 +104,29 @@ def test_results_do_not_depend_on_the_core_count(rng):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+def test_the_entry_claims_the_cores_left_and_counts_itself_finished(vadd_kernel, rng):
+    # The threads launcher's entry ABI (jit/cruntime.py claim_core, finish_part), numba-compiled: a call claims every
+    # core left and counts itself finished once; a call after every core was claimed runs none and still counts.
+    unused, x, y, z, n = vadd_args(200, rng)
+    vadd_kernel(unused, x, y, z, n)  # compiled for these types
+    entry = vadd_kernel.fn.dispatcher
+    bound = vadd_kernel._bind((unused, x, y, z, n), {})
+    cores = np.zeros(2, np.int64)
+    z[:] = 0
+    entry(*bound, cores)
+    num_cores = VADD_CONSTS["NUM_AI_CORES"]
+    assert cores.tolist() == [num_cores + 1, 1]  # every core, plus the claim that found none left
+    np.testing.assert_array_equal(z, vadd_reference(x, y, VADD_CONSTS["SCALE"]))
+    z[:] = 0
+    entry(*bound, cores)  # a thread that comes late: nothing left to claim
+    assert cores.tolist() == [num_cores + 2, 2] and not z.any()
+    cores = np.array([num_cores - 1, 0], np.int64)  # the other cores claimed elsewhere: only the last one runs
+    entry(*bound, cores)
+    tile = VADD_CONSTS["TILE"]
+    ran = np.flatnonzero(z)
+    assert cores[1] == 1 and ran.size and all((i // tile) % num_cores == num_cores - 1 for i in ran)
+
+
 def test_prange_launcher_gives_the_same_results(monkeypatch, vadd_kernel, rng):
     from jit_helpers import EXAMPLE_DEVICE
 

@@ -38,5 +38,6 @@ def test_gemm_template_translates(template, overrides, compiled_dims):
     constants = common.gemm_constants(desc, config, compiled_dims, resident_a)
     source = render(template, constants)
     translation = translate(source, template=template, constants=constants)
-    assert translation.entry and f"def {translation.entry}(_first_core, _core_step" in translation.python
+    assert translation.entry and f"def {translation.entry}(" in translation.python
+    assert "_dg_cancel, _dg_cores):" in translation.python  # the threads launcher's entry ABI
     compile(translation.python, f"{template}.py", "exec")  # valid Python

@@ -1,5 +1,6 @@
-"""The core launcher's contract: every part runs exactly once per launch, a launch completes before it returns or
-raises (Ctrl-C included), the pool survives errors and interrupts, and several Python threads may launch at once."""
+"""The core launcher's contract: every logical core runs exactly once per launch (claimed by whichever thread comes
+first, the caller never waiting for a worker to start), a launch completes before it returns or raises (Ctrl-C
+included), the pool survives errors and interrupts, and several Python threads may launch at once."""
 
 from __future__ import annotations
 
@@ -23,56 +24,141 @@ def two_threads(monkeypatch):
     monkeypatch.setattr(launch, "num_threads", lambda: 2)
 
 
-def test_every_part_runs_once_and_workers_take_part(two_threads):
+_claim_lock = threading.Lock()
+
+
+def _claim(cores) -> int:
+    """A Python entry's core claim (the kernels' is an atomic add, jit/cruntime.py claim_core)."""
+    with _claim_lock:
+        core = int(cores[0])
+        cores[0] = core + 1
+        return core
+
+
+def test_every_core_runs_once_and_workers_take_part(two_threads):
     seen = []
     lock = threading.Lock()
     both = threading.Barrier(2, timeout=60)
 
-    def entry(part, parts, out):
-        # NOTES: each part waits for the other, so the caller (blocked in its part) cannot take both: a worker must
-        # claim one, however loaded the machine (a fixed sleep flaked under load)
+    def entry(out, cores):
+        # NOTES: each call waits for the other before claiming, so the caller cannot claim every core: a worker
+        # must take part, however loaded the machine (a fixed sleep flaked under load)
         both.wait()
-        with lock:
-            seen.append((part, parts, threading.get_ident()))
-        out[part] += 1
+        while (core := _claim(cores)) < 8:
+            with lock:
+                seen.append((core, threading.get_ident()))
+            out[core] += 1
+            time.sleep(0.001)
 
-    out = np.zeros(2, np.int64)
+    out = np.zeros(8, np.int64)
     caller = threading.get_ident()
     for _ in range(5):
         seen.clear()
         launch.LAUNCHER.launch(entry, 8, (out,))
-        assert sorted(p for p, _, _ in seen) == [0, 1] and {n for _, n, _ in seen} == {2}
+        assert sorted(c for c, _ in seen) == list(range(8))
         # the caller and a pool worker (which worker: the pool may hold more, e.g. after a cancellable launch)
-        threads = {t for _, _, t in seen}
+        threads = {t for _, t in seen}
         assert len(threads) == 2 and caller in threads
-    assert out.tolist() == [5, 5]
+    assert out.tolist() == [5] * 8
+
+
+def test_the_caller_claims_every_core_when_no_worker_comes(two_threads, monkeypatch):
+    # A worker that has not woken yet (here: its queue delivers nothing) never delays a launch: the caller claims
+    # every core, then takes the worker's part too, whose call of the entry is skipped (no core is left), and
+    # returns without blocking on the job's lock (_Job.wait failing proves it).
+    calls, held = [], []
+
+    def never(self):
+        raise AssertionError("the launch blocked on its lock")
+
+    class Asleep:  # the pool's queue as seen by a worker that never wakes
+        def put(self, job):
+            held.append(job)
+
+    def entry(out, cores):
+        calls.append(threading.get_ident())
+        while (core := _claim(cores)) < 6:
+            out[core] += 1
+        cores[1] += 1  # the kernels' finish_part
+
+    out = np.zeros(6, np.int64)
+    launch.LAUNCHER._ensure(1)  # the pool's workers exist already (and keep reading the real queue)
+    monkeypatch.setattr(launch.LAUNCHER, "_jobs", Asleep())
+    monkeypatch.setattr(launch._Job, "wait", never)
+    launch.LAUNCHER.launch(entry, 6, (out,))
+    assert out.tolist() == [1] * 6 and calls == [threading.get_ident()]
+    assert len(held) == 1 and held[0].claim() == -1 and held[0].args == ()  # a worker waking now drops the job
+
+
+def test_finished_entries_end_the_launch_without_blocking(two_threads, monkeypatch):
+    # Entries count themselves finished in cores[1] (the kernels' finish_part): once every call has, the caller
+    # returns without blocking on the job's lock (a blocked thread is woken late on some VMs), with a worker taking
+    # part. _Job.wait failing proves the lock was never waited for.
+    lock = threading.Lock()
+    both = threading.Barrier(2, timeout=60)
+    seen = set()
+
+    def entry(out, cores):
+        both.wait()
+        with lock:
+            seen.add(threading.get_ident())
+        while (core := _claim(cores)) < 4:
+            out[core] += 1
+        with lock:
+            cores[1] += 1  # the kernels' atomic finish_part
+
+    def never(self):
+        raise AssertionError("the launch blocked on its lock")
+
+    monkeypatch.setattr(launch, "_WATCH_S", 30.0)  # however loaded the machine
+    monkeypatch.setattr(launch._Job, "wait", never)
+    out = np.zeros(4, np.int64)
+    caller = threading.get_ident()
+    for _ in range(3):
+        seen.clear()
+        launch.LAUNCHER.launch(entry, 4, (out,))
+        # the caller and a pool worker (which worker: the pool may hold more, e.g. after a cancellable launch)
+        assert len(seen) == 2 and caller in seen
+    assert out.tolist() == [3] * 4
 
 
 def test_an_error_in_a_part_reaches_the_caller_after_every_part_finished(two_threads):
     finished = []
+    calls = []
+    lock = threading.Lock()
 
-    def entry(part, parts):
-        if part == 0:
-            raise KeyboardInterrupt  # as if Ctrl-C surfaced inside the caller's part
+    def entry(cores):
+        with lock:
+            first = not calls
+            calls.append(1)
+        if first:
+            raise KeyboardInterrupt  # as if Ctrl-C surfaced inside the first call
         time.sleep(0.1)
-        finished.append(part)
+        finished.append(1)
 
     for _ in range(3):
         with pytest.raises(KeyboardInterrupt):
             launch.LAUNCHER.launch(entry, 4, ())
-        assert finished == [1]  # the worker's part had completed before the launch raised
+        assert finished == [1]  # the other call had completed before the launch raised
         finished.clear()
+        calls.clear()
     out = np.zeros(2, np.int64)
-    launch.LAUNCHER.launch(lambda part, parts, o: o.__setitem__(part, part + 10), 2, (out,))
+
+    def fill(o, cores):
+        while (core := _claim(cores)) < 2:
+            o[core] = core + 10
+
+    launch.LAUNCHER.launch(fill, 2, (out,))
     assert out.tolist() == [10, 11]  # the pool survived
 
 
 def test_launches_from_several_python_threads_all_complete(two_threads):
     results = {}
 
-    def entry(part, parts, out, tag):
-        time.sleep(0.005)
-        out[part] = tag * 10 + part
+    def entry(out, tag, cores):
+        while (core := _claim(cores)) < 2:
+            time.sleep(0.005)
+            out[core] = tag * 10 + core
 
     def caller(tag):
         out = np.full(2, -1, np.int64)

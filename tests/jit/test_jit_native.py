@@ -18,6 +18,7 @@ from jit_helpers import EXAMPLE_DEVICE, VADD_CHILD, VADD_CONSTS, run_child, stat
 from deep_gemm.jit import KernelRunError, build, native, stats
 from deep_gemm.jit import compile as jit_compile
 from deep_gemm.jit.compile import wait_native_builds
+from deep_gemm.jit.compiled_kernel import CORE_COUNTER_TYPE_NAME
 
 pytestmark = pytest.mark.skipif(not native.enabled() or native.compiler() is None,
                                 reason="native kernels need Linux and a C compiler")
@@ -50,6 +51,8 @@ def test_fresh_process_runs_a_cached_kernel_without_numba(fresh_root):
     entry = _entry(fresh_root)  # the native library is built in the background and published before exit
     record = json.loads((entry / native.NATIVE_JSON).read_text())
     assert (entry / record["library"]).is_file() and record["target"] == native.current_target()
+    # the entry's signature ends with the launcher's core counter, spelled as the numba-free check spells it
+    assert record["signature"][-1] == CORE_COUNTER_TYPE_NAME, record["signature"]
     second = run_child(NATIVE_CHILD, fresh_root)
     assert second["ok"] and second["native"], second
     assert second["numba"] is False and second["jinja2"] is False, second
@@ -280,7 +283,7 @@ def test_failed_native_launch_raises_and_never_reruns_on_written_outputs(native_
     # A native phase that wrote part of the output and then failed: the launch raises KernelRunError naming the
     # kernel and the status; numba does not run the launch again over the written output (and success is never
     # returned, even when numba would run it without raising).
-    def failing_phase(first_core, core_step, *args):
+    def failing_phase(*args):
         args[3][:5] = 7.0
         raise native.NativeStatus(status)
 
@@ -298,7 +301,7 @@ def test_failed_native_launch_raises_and_never_reruns_on_written_outputs(native_
 
 
 def test_native_kernel_that_raised_raises_numbas_exception_chained(native_vadd, monkeypatch):
-    def raising_phase(first_core, core_step, *args):
+    def raising_phase(*args):
         raise native.NativeStatus(1)
 
     def numba_raises(args):

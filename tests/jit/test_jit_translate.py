@@ -281,20 +281,25 @@ def test_kernel_entry_runs_body_once_per_core():
         for (int32_t t = GetBlockIdx(); t < n; t += GetBlockNum()) { seen[t] += GetBlockIdx() + 1; }
     }""", constants={"NUM_AI_CORES": 3})
     py = t.python
-    assert "def k(_first_core, _core_step, seen, n, _dg_cancel):" in py and "@njit(nogil=True, cache=True)" in py
-    assert "for _block_idx in range(_first_core, NUM_AI_CORES, _core_step):" in py
+    assert "def k(seen, n, _dg_cancel, _dg_cores):" in py and "@njit(nogil=True, cache=True)" in py
+    assert "_block_idx = claim_core(_dg_cores)" in py
     assert "@njit(parallel=True, cache=True)" in py and "for _block_idx in prange(NUM_AI_CORES):" in py
     assert "for t in range(_block_idx, n, NUM_AI_CORES):" in py and "NUM_AI_CORES = 3" in py
     never = np.zeros(1, np.uint8)
     seen = np.zeros(7, np.int32)
-    ns["k"](0, 1, seen, 7, never)  # every core on one thread
-    assert seen.tolist() == [1, 2, 3, 1, 2, 3, 1]
+    cores = np.zeros(2, np.int64)  # [cores claimed, entry calls finished]
+    ns["k"](seen, 7, never, cores)  # one thread claims every core, then counts itself finished
+    assert seen.tolist() == [1, 2, 3, 1, 2, 3, 1] and cores.tolist() == [4, 1]  # 4: the claim that found none left
     seen[:] = 0
-    ns["k"](1, 2, seen, 7, never)  # thread 1 of 2 runs core 1 only (3 cores)
-    assert seen.tolist() == [0, 2, 0, 0, 2, 0, 0]
+    cores = np.array([2, 0], np.int64)  # cores 0 and 1 already claimed (by other threads): core 2 is left
+    ns["k"](seen, 7, never, cores)
+    assert seen.tolist() == [0, 0, 3, 0, 0, 3, 0] and cores[1] == 1
     seen[:] = 0
-    ns["k"](0, 1, seen, 7, np.ones(1, np.uint8))  # a cancelled launch: no core runs
-    assert seen.tolist() == [0] * 7
+    ns["k"](seen, 7, never, cores)  # a thread that comes after every core was claimed runs none
+    assert seen.tolist() == [0] * 7 and cores[1] == 2
+    cores = np.zeros(2, np.int64)
+    ns["k"](seen, 7, np.ones(1, np.uint8), cores)  # a cancelled launch: no core runs (the call still counts)
+    assert seen.tolist() == [0] * 7 and cores[1] == 1
     ns["k_prange"](seen, 7, never)
     assert seen.tolist() == [1, 2, 3, 1, 2, 3, 1]
     assert t.entry == "k" and "# L" in py
@@ -311,11 +316,11 @@ def test_persistent_tile_loops_check_the_cancel_flag():
         }
     }""", constants={"NUM_AI_CORES": 1})
     py = t.python
-    # per core in the threads entry, and the tile loop (not the inner loop) in both the threads and prange entries
-    assert py.count("if cancel_requested(_dg_cancel):") == 3
+    # per core claimed in the threads entry, and the tile loop (not the inner loop) in the threads and prange entries
+    assert py.count("or cancel_requested(_dg_cancel):") == 1 and py.count("if cancel_requested(_dg_cancel):") == 2
     seen = np.zeros(6, np.int32)
     flag = np.zeros(1, np.uint8)
-    ns["k"](0, 1, seen, flag, 6, flag)  # the kernel sets its own cancel flag at tile 2
+    ns["k"](seen, flag, 6, flag, np.zeros(2, np.int64))  # the kernel sets its own cancel flag at tile 2
     assert seen.tolist() == [2, 2, 2, 0, 0, 0]
 
 

@@ -25,7 +25,7 @@ def run_checked(body: str, params: str = "GlobalTensor<float> x", args=None, hel
     namespace: dict = {}
     exec(compile(python, "<checked kernel>", "exec"), namespace)
     args = args if args is not None else (np.zeros(4, np.float32),)
-    namespace["k"](0, 1, *args, np.zeros(1, np.uint8))  # the hidden trailing cancel flag
+    namespace["k"](*args, np.zeros(1, np.uint8), np.zeros(2, np.int64))  # the hidden cancel flag and core counter
     return args
 
 

@@ -24,9 +24,9 @@ SUBSET = """
 File scope: `constexpr`/`const` scalar constants (int*/uint*/float/double/bool, evaluated at translate time),
   functions `[__aicore__] [inline] T name(params) {...}` (-> @njit(inline="always") helpers), exactly one kernel
   entry `[extern "C"] __global__ __aicore__ void name(params) {...}` (-> `_name_core(_block_idx, params)`, inlined
-  into `name(_first_core, _core_step, params)` (nogil, cache=True: runs cores first, first+step, ... < NUM_AI_CORES;
-  jit/launch.py spreads it over the threads) and into `name_prange(params)` (parallel=True, cache=True: prange over
-  NUM_AI_CORES)), static_assert, #include and `using namespace` (ignored), comments (kept).
+  into `name(params, _dg_cancel, _dg_cores)` (nogil, cache=True: runs the cores < NUM_AI_CORES it claims from the
+  launch's counter; jit/launch.py runs it on every thread) and into `name_prange(params, _dg_cancel)` (parallel=True,
+  cache=True: prange over NUM_AI_CORES)), static_assert, #include and `using namespace` (ignored), comments (kept).
 Parameters: scalars, GlobalTensor<T>, LocalTensor<T>, T*, GM_ADDR, references to tensors (numpy arrays).
 Statements: declarations (several declarators, const/constexpr, auto, fixed arrays `T a[N]`, `T a[N][M]`, `= {..}`
   initializers, `LocalTensor<T> x = AllocTensor<T>(n)` / `(rows, cols)`), expression statements, assignments and

@@ -7,8 +7,16 @@ from dataclasses import dataclass
 
 from tree_sitter import Node
 
-# The hidden trailing parameter of every launch entry: the launch's cancel flag (uint8[1]; jit/cruntime.py).
+# The hidden trailing parameters of every launch entry: the launch's cancel flag (uint8[1]) and, for the threads
+# launcher, its core counter (int64[2]: cores claimed, entry calls finished); jit/cruntime.py.
 CANCEL = "_dg_cancel"
+CORES = "_dg_cores"
+# The head of a threads-launcher loop (`while True:`): claim the launch's next logical core (cruntime.claim_core);
+# stop once every core is claimed or the call is cancelled. After the loop the entry counts itself finished.
+CLAIM_CORE = (f"_block_idx = claim_core({CORES})\n"
+              f"if _block_idx >= NUM_AI_CORES or cancel_requested({CANCEL}):\n"
+              "    break")
+FINISH_PART = f"finish_part({CORES})"
 
 
 @dataclass
@@ -75,7 +83,8 @@ class Emitter:
             "",
             "apply_numba_settings()",
             "",
-            "from deep_gemm.jit.cruntime import c_div, c_mod, cancel_requested  # noqa: E402,F401",
+            ("from deep_gemm.jit.cruntime import c_div, c_mod, cancel_requested, claim_core, finish_part"
+             "  # noqa: E402,F401"),
         ]
         if self.used_device:
             header.append(f"from {self.device_module} import {', '.join(sorted(self.used_device))}  # noqa: E402")

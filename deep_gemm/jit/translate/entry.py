@@ -1,13 +1,14 @@
 """Functions and the entry ABI: which functions the source defines, their signatures, the kernel entry's parameter
 list (what a launcher binds by name), and how the entry is emitted: `_<entry>_core(_block_idx, ...)` plus the
-two launch loops `<entry>(_first_core, _core_step, ...)` and `<entry>_prange(...)`."""
+two launch loops `<entry>(..., _dg_cancel, _dg_cores)` (the cores it claims, jit/launch.py) and
+`<entry>_prange(..., _dg_cancel)`."""
 
 from __future__ import annotations
 
 from tree_sitter import Node
 
 from .ctype import CType
-from .emitter import CANCEL
+from .emitter import CANCEL, CLAIM_CORE, CORES, FINISH_PART
 from .symbols import EntryParam, FuncCtx, FuncSig, Sym
 
 
@@ -145,10 +146,9 @@ class EntryABI:
         """The entry without a `return`: its body goes straight into both launch loops (no inlining pass)."""
         params = [name for name, _ in sig.params]
         floats = [name for name, ctype in sig.params if ctype.kind == "float"]
-        threads_params = ", ".join(["_first_core", "_core_step", *params, CANCEL])
-        heads = [("@njit(nogil=True, cache=True)", f"def {sig.name}({threads_params}):",
-                  "for _block_idx in range(_first_core, NUM_AI_CORES, _core_step):",
-                  f"if cancel_requested({CANCEL}):\n    break"),
+        threads_params = ", ".join([*params, CANCEL, CORES])
+        heads = [("@njit(nogil=True, cache=True)", f"def {sig.name}({threads_params}):", "while True:",
+                  CLAIM_CORE),
                  ("@njit(parallel=True, cache=True)", f"def {sig.name}_prange({', '.join([*params, CANCEL])}):",
                   "for _core in prange(NUM_AI_CORES):", "_block_idx = np.int64(_core)")]
         body_lines = None
@@ -168,6 +168,7 @@ class EntryABI:
                 start = len(self.lines)
                 self.block(lambda: self.statements(body.named_children), body)
                 body_lines = self.lines[start:]
+                self.emit(FINISH_PART, node)
             else:
                 self.indent += 1
                 # NOTES: the parfor gufunc types its index uint64; index arithmetic wants int64.
@@ -178,21 +179,23 @@ class EntryABI:
 
     def emit_entry_wrapper(self, sig: FuncSig, node: Node) -> None:
         # NOTES: the kernel body is the inlined function _<entry>_core, run once per logical core: early `return`s
-        # work and per-core buffers are allocated per core. Two launchers call it (jit/launch.py): <entry> runs
-        # cores first, first + step, ... on one thread (nogil; CoreLauncher spreads it over the threads) and
+        # work and per-core buffers are allocated per core. Two launchers call it (jit/launch.py): <entry> runs the
+        # cores it claims from the launch's counter on one thread (nogil; CoreLauncher runs it on every thread) and
         # <entry>_prange runs all cores in a numba prange. Scalar float parameters are rounded to float32 here.
         args = [f"np.{ctype.np}({name})" if ctype.kind == "float" else name for name, ctype in sig.params]
         params = [name for name, _ in sig.params]
         self.emit("", None)
         self.emit("@njit(nogil=True, cache=True)", node)
-        self.emit(f"def {sig.name}({', '.join(['_first_core', '_core_step', *params, CANCEL])}):", node)
+        self.emit(f"def {sig.name}({', '.join([*params, CANCEL, CORES])}):", node)
         self.indent += 1
-        self.emit("for _block_idx in range(_first_core, NUM_AI_CORES, _core_step):", node)
+        self.emit("while True:", node)
         self.indent += 1
-        self.emit(f"if cancel_requested({CANCEL}):", node)
-        self.emit("    break", node)
+        for text in CLAIM_CORE.splitlines():
+            self.emit(text, node)
         self.emit(f"_{sig.name}_core({', '.join(['_block_idx', CANCEL, *args])})", node)
-        self.indent -= 2
+        self.indent -= 1
+        self.emit(FINISH_PART, node)
+        self.indent -= 1
         self.emit("", None)
         self.emit("@njit(parallel=True, cache=True)", node)
         self.emit(f"def {sig.name}_prange({', '.join([*params, CANCEL])}):", node)

@@ -19,7 +19,7 @@ from tree_sitter import Node
 
 from .. import enums
 from .ctype import BOOL, UNKNOWN, VOID, CType, Expr, int_value
-from .emitter import CANCEL
+from .emitter import CANCEL, CLAIM_CORE, CORES, FINISH_PART
 
 # Hidden names of the generated code (template identifiers may not start with _dg)
 SUB = "_dg_sub"
@@ -276,20 +276,22 @@ class MixedKernels:
             phase_names.append(entry)
             self.emit("", None)
             self.emit("@njit(nogil=True, cache=True)", node)
-            self.emit(f"def {entry}({', '.join(['_first_core', '_core_step', *params, CANCEL])}):", node)
+            self.emit(f"def {entry}({', '.join([*params, CANCEL, CORES])}):", node)
             self.indent += 1
             core_args = ["_block_idx", *args]
             if self.is_mixed:
-                # NOTES: one cross-core state per launch part, reused (zeroed) by each of its cores: a fresh UB per
-                # core (2 x UB_BYTES, above glibc's mmap threshold) page-faulted in every call, ~0.3 ms per core.
+                # NOTES: one cross-core state per thread of a launch, reused (zeroed) by each core it claims: a fresh
+                # UB per core (2 x UB_BYTES, above glibc's mmap threshold) page-faulted in every call, ~0.3 ms a core.
                 self.emit(f"{CROSS} = new_cross_state({self.ub_bytes()})", node)
                 core_args = ["_block_idx", CROSS, CANCEL, *args]
-            self.emit("for _block_idx in range(_first_core, NUM_AI_CORES, _core_step):", node)
+            self.emit("while True:", node)
             self.indent += 1
-            self.emit(f"if cancel_requested({CANCEL}):", node)
-            self.emit("    break", node)
+            for text in CLAIM_CORE.splitlines():
+                self.emit(text, node)
             self.emit(f"_{sig.name}_core{suffix}({', '.join(core_args)})", node)
-            self.indent -= 2
+            self.indent -= 1
+            self.emit(FINISH_PART, node)
+            self.indent -= 1
         self.phase_entries = phase_names
         self.emit("", None)
         self.emit("@njit(parallel=True, cache=True)", node)
