@@ -126,46 +126,48 @@ def claim_core(counter) -> int:
     return core
 
 
-@intrinsic
-def _fetch_add(typingctx, counter):
-    if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
-        return None
-
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        return builder.atomic_rmw("add", data, context.get_constant(types.int64, 1), "monotonic")
-
-    return types.int64(counter), codegen
-
-
-@overload(claim_core)
-def _claim_core_impl(counter):
-    if isinstance(counter, types.Array) and counter.dtype == types.int64:
-        return lambda counter: _fetch_add(counter)
-    return None
-
-
 def finish_part(counter) -> None:
     """Count one finished entry call of the launch: counter[1] += 1, atomically (the entry's last act)."""
     counter[1] += 1
 
 
-@intrinsic
-def _finish_add(typingctx, counter):
-    if not (isinstance(counter, types.Array) and counter.dtype == types.int64):
-        return None
+def _is_counter(counter) -> bool:
+    return isinstance(counter, types.Array) and counter.dtype == types.int64
 
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        slot = builder.gep(data, [context.get_constant(types.intp, 1)])
-        builder.atomic_rmw("add", slot, context.get_constant(types.int64, 1), "release")
-        return context.get_dummy_value()
 
-    return types.none(counter), codegen
+def _atomic_increment(slot: int, ordering: str):
+    """An intrinsic ``f(counter) -> int64``: counter[slot] += 1 as one atomic read-modify-write with ``ordering``,
+    returning the value before it."""
+
+    def impl(typingctx, counter):
+        if not _is_counter(counter):
+            return None
+
+        def codegen(context, builder, signature, args):
+            data = context.make_array(signature.args[0])(context, builder, args[0]).data
+            ptr = builder.gep(data, [context.get_constant(types.intp, slot)])
+            return builder.atomic_rmw("add", ptr, context.get_constant(types.int64, 1), ordering)
+
+        return types.int64(counter), codegen
+
+    return intrinsic(impl)
+
+
+_claim_next = _atomic_increment(0, "monotonic")
+_count_finished = _atomic_increment(1, "release")
+
+
+@overload(claim_core)
+def _claim_core_impl(counter):
+    return (lambda counter: _claim_next(counter)) if _is_counter(counter) else None
 
 
 @overload(finish_part)
 def _finish_part_impl(counter):
-    if isinstance(counter, types.Array) and counter.dtype == types.int64:
-        return lambda counter: _finish_add(counter)
-    return None
+    if not _is_counter(counter):
+        return None
+
+    def impl(counter):
+        _count_finished(counter)
+
+    return impl
