@@ -18,6 +18,7 @@ from .cube_fma import (
     _as_intp,
     _is_l1_ptr,
     _load8,
+    _phis,
     _splat,
     _transpose_square,
     _vec_ptr,
@@ -230,12 +231,7 @@ def _vnni_codegen(scaled: bool):
                 with slow:
                     slow_rows = float_rows(context, builder, signature, args, sp, ss, v16, raw)
                     slow_block = builder.block
-            rows = []
-            for x, y in zip(fast_rows, slow_rows, strict=True):
-                phi = builder.phi(v16)
-                phi.add_incoming(x, fast_block)
-                phi.add_incoming(y, slow_block)
-                rows.append(phi)
+            rows = _phis(builder, v16, fast_rows, fast_block, slow_rows, slow_block)
         rows = _transpose_square(builder, rows)
         for p in range(16):
             builder.store(rows[p], _vec_ptr(builder, d, ir.Constant(_I64, 32 * p), v16), align=2)

@@ -14,7 +14,7 @@ from numba.extending import intrinsic
 from ..jit import cpu_features
 from ..jit.numba_setup import apply_numba_settings
 from .cube_amx import AMX_K, AMX_T, _round_up
-from .cube_fma import MR, _as_intp, _data_ptr, _ptr_add, _row_tile, _splat, _vec_ptr
+from .cube_fma import MR, _as_intp, _data_ptr, _phis, _ptr_add, _row_tile, _splat, _vec_ptr
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
 apply_numba_settings()
@@ -164,12 +164,7 @@ def _make_dp_kernel(mr: int):
 
         # Store the C block.
         builder.position_at_end(done)
-        final = []
-        for x0, x in zip(acc0, new, strict=True):
-            phi = builder.phi(_V16F)
-            phi.add_incoming(x0, pre)
-            phi.add_incoming(x, tail)
-            final.append(phi)
+        final = _phis(builder, _V16F, acc0, pre, new, tail)
         for n, (p, x) in enumerate(zip(c_ptrs, final, strict=True)):
             _masked_store(builder, x, p, masks[n % 2])
         return context.get_dummy_value()

@@ -86,6 +86,18 @@ def _shuffle(builder, a, b, idx):
     return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
 
 
+def _phis(builder, vty, first, first_block, second, second_block):
+    """The values of two predecessor blocks merged where they meet: phi i takes ``first[i]`` from ``first_block`` and
+    ``second[i]`` from ``second_block`` (both lists of ``vty`` values, the same length)."""
+    merged = []
+    for x, y in zip(first, second, strict=True):
+        phi = builder.phi(vty)
+        phi.add_incoming(x, first_block)
+        phi.add_incoming(y, second_block)
+        merged.append(phi)
+    return merged
+
+
 def _transpose_square(builder, rows):
     """n vectors of n lanes (the rows of an n x n block, n a power of two) -> its n columns: log2(n) butterfly stages
     of 2-input shuffles (the stage of width b swaps the off-diagonal b-blocks of rows i and i | b)."""
@@ -337,12 +349,7 @@ def _make_microkernel(mr: int, nv: int = NR // LANES, masked: bool = False):
 
         # Store the C tile.
         builder.position_at_end(done)
-        final = []
-        for x0, x in zip(acc0, new, strict=True):
-            phi = builder.phi(vty)
-            phi.add_incoming(x0, pre)
-            phi.add_incoming(x, tail_block)
-            final.append(phi)
+        final = _phis(builder, vty, acc0, pre, new, tail_block)
         for n, (p, x) in enumerate(zip(c_ptrs, final, strict=True)):
             if masked and n % nv == nv - 1:
                 _masked_store(builder, x, p, mask)

@@ -154,6 +154,7 @@ def _build_kernel():
     from numba.core import cgutils
     from numba.extending import intrinsic
 
+    from ..device.cube_fma import _phis
     from ..jit.numba_setup import apply_numba_settings, vector_width_bits
 
     apply_numba_settings()  # the same vector width the stand-in's micro-kernel gets
@@ -193,12 +194,7 @@ def _build_kernel():
             i.add_incoming(i_next, loop)
             builder.cbranch(builder.icmp_signed("<", i_next, n), loop, done)
             builder.position_at_end(done)
-            finals = []
-            for v0, v in zip(init, new, strict=True):
-                phi = builder.phi(vty)
-                phi.add_incoming(v0, pre)
-                phi.add_incoming(v, loop)
-                finals.append(phi)
+            finals = _phis(builder, vty, init, pre, new, loop)
             total = finals[0]
             for v in finals[1:]:
                 total = builder.fadd(total, v)
