@@ -123,6 +123,11 @@ DG_JIT_KERNEL_OPT = _declare(
     "Module optimization of generated kernels after linking device code: cheap (default, faster compile) or full",
     choices=("cheap", "full"),
 )
+DG_JIT_LAZY_CODEGEN = _declare(
+    "DG_JIT_LAZY_CODEGEN", bool, True,
+    "Generate machine code only for kernel entries and functions called from Python (jit/lazy_codegen.py); 0 keeps "
+    "numba's eager code generation",
+)
 DG_JIT_NATIVE = _declare(
     "DG_JIT_NATIVE", bool, True,
     "Keep native code in the kernel cache (numba's machine code linked with the C compiler into native-*.so) and "

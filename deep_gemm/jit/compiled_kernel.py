@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import envs
-from . import cache, events, interrupt, native, numba_cache
+from . import cache, events, interrupt, lazy_codegen, native, numba_cache
 from .errors import CompileError, KernelRunError
 from .events import debug as _debug
 from .events import emit as _event
@@ -97,6 +97,8 @@ class EntryFunction:
     def __init__(self, dispatcher, launcher: str):
         self.dispatcher = dispatcher
         self.launcher = launcher
+        # NOTES: the launcher and the native library run the entry's machine code: generate it when it compiles
+        lazy_codegen.keep_eager(dispatcher.py_func)
 
     def full_signature(self, sig) -> tuple:
         """``sig`` (the kernel's arguments, the cancel flag included) as the launcher calls the entry."""

@@ -3,9 +3,10 @@
 NOTES: numba ships with LLVM's SLP vectorizer off, which leaves register-tiled micro-kernels scalar; and on
 AVX-512 hosts LLVM prefers 256-bit vectors unless told otherwise. Both settings are read when numba builds its
 CPU target (the first compile in the process) and are part of numba's cache key. Set DG_JIT_FAST_MATH_SETUP=0
-to leave numba exactly as the user configured it. Two compile-time savings live here too: generated kernels skip
-numba's second full module optimization (DG_JIT_KERNEL_OPT, see _install_cheap_kernel_link) and numba's first use
-does not import scipy (DG_JIT_DEFER_SCIPY, see _defer_scipy_probe).
+to leave numba exactly as the user configured it. Three compile-time savings live here too: generated kernels skip
+numba's second full module optimization (DG_JIT_KERNEL_OPT, see _install_cheap_kernel_link), only kernel entries
+get machine code at once (DG_JIT_LAZY_CODEGEN, jit/lazy_codegen.py) and numba's first use does not import scipy
+(DG_JIT_DEFER_SCIPY, see _defer_scipy_probe).
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ def apply_numba_settings() -> dict[str, object]:
         applied: dict[str, object] = {"enabled": True, "SLP_VECTORIZE": 1}
         if envs.DG_JIT_KERNEL_OPT.get() == "cheap":
             applied["KERNEL_OPT"] = "cheap" if _install_cheap_kernel_link() else "full (numba internals differ)"
+        from .lazy_codegen import install as install_lazy_codegen
+
+        applied["lazy_codegen"] = install_lazy_codegen()
         if not numba.config.CPU_FEATURES:
             features = host_cpu_features()
             if "+avx512f" in features.split(","):

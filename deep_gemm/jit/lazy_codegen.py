@@ -1,0 +1,216 @@
+"""Machine code only for the functions that run: deep_gemm's device functions and a kernel's inner functions are
+compiled to LLVM IR (and optimized) as numba always does, but turned into machine code only if something calls them
+from Python. The kernel entries, which the launcher and the native library run, are compiled as before.
+
+NOTES: numba compiles every jitted function into its own library: optimize the module, link in the optimized IR of
+every callee, then hand the module to LLVM's MCJIT, which generates machine code for all of it (callees included)
+right away, so that the function can be called from Python. A kernel entry links the IR of every device function
+and inner kernel function it reaches and gets all their code in its own machine code; the machine code of those
+callees' own libraries is never run (a kernel never calls a device function from Python, and the native library is
+the entry's object code alone). It was a third of a cold compile: 5.1 s of MCJIT code generation in the first
+tf32_hc_prenorm_gemm of a process, 2.9 s of it for the kernel's entries and their inner functions, and 1.5 s of
+the first FP8 GEMM's.
+
+How it is done (numba's private internals, installed only for the release they were read from, numba_internals_known;
+DG_JIT_LAZY_CODEGEN=0 or DG_JIT_FAST_MATH_SETUP=0 leaves numba alone):
+- ``CPUContext.get_executable`` (numba asks it for a Python-callable wrapper once a function is compiled) returns a
+  ``LazyEntry`` for deep_gemm's functions (modules ``deep_gemm.*`` and generated kernel modules) other than kernel
+  entries (``keep_eager``): the library is marked deferred and stays unfinalized.
+- Finalizing a deferred library (when a caller links it) optimizes it as before but leaves it out of the execution
+  engine; ``materialize`` adds it and generates its code when a pointer into it is first needed (numba's
+  ``get_pointer_to_function``, a ``LazyEntry`` call).
+- A ``LazyEntry`` is not registered in the dispatcher's C table (which needs a real compiled wrapper): a Python call
+  of the function finds no match there, numba's slow path calls the ``LazyEntry``, which materializes the library,
+  registers the real wrapper for the next calls and runs it.
+- numba's disk cache stores a library as object code; a deferred library has none, so it is stored as LLVM bitcode
+  (numba's own other format, which numba loads too) and loaded deferred again. Environment pointers that numba sets
+  on a load for symbols not generated yet are set when their library is.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+from .. import envs
+from .numba_facts import KERNEL_MODULE_MARK, numba_internals_known
+
+_installed = False
+_lock = threading.Lock()
+_eager: set[tuple[str, str]] = set()  # (module, qualname) of the kernel entries: machine code at once
+_pending_envs: dict[str, object] = {}  # environment symbol -> numba Environment, for libraries not generated yet
+_originals: dict[str, object] = {}
+stats = {"deferred": 0, "materialized": 0}
+
+
+def keep_eager(py_func) -> None:
+    """Generate machine code for ``py_func`` (a kernel entry) as soon as it is compiled, as numba does."""
+    _eager.add((py_func.__module__, py_func.__qualname__))
+
+
+def _deferrable(fndesc) -> bool:
+    module = fndesc.modname or ""
+    if module.startswith("deep_gemm.") or KERNEL_MODULE_MARK in module:
+        return (module, fndesc.qualname) not in _eager
+    return False
+
+
+def _is_own_module(ll_module) -> bool:
+    """True when the LLVM module defines a function of deep_gemm (a device module or a generated kernel)."""
+    return any("deep_gemm" in fn.name or KERNEL_MODULE_MARK in fn.name
+               for fn in ll_module.functions if not fn.is_declaration)
+
+
+class LazyEntry:
+    """The Python-callable wrapper of a deferred function: generates its library's machine code on the first call
+    (numba's real wrapper is then registered with each dispatcher that holds this entry)."""
+
+    __slots__ = ("context", "library", "fndesc", "env", "real", "bound", "__weakref__")
+
+    def __init__(self, context, library, fndesc, env):
+        self.context, self.library, self.fndesc, self.env = context, library, fndesc, env
+        self.real = None
+        self.bound: list[tuple[object, list, bool]] = []  # (dispatcher, signature codes, object mode)
+
+    def materialize(self):
+        if self.real is None:
+            from numba.core.compiler_lock import global_compiler_lock
+
+            from .interrupt import HeldSigint
+
+            with global_compiler_lock, HeldSigint():
+                if self.real is None:
+                    self.real = _originals["get_executable"](self.context, self.library, self.fndesc, self.env)
+                    for dispatcher, sig, objectmode in self.bound:
+                        dispatcher._insert(sig, self.real, objectmode)
+                    self.bound = []
+        return self.real
+
+    def __call__(self, *args, **kwargs):
+        return self.materialize()(*args, **kwargs)
+
+
+def materialize(library) -> None:
+    """Generate the machine code of a deferred library (no-op for any other); call with numba's compiler lock held."""
+    if not getattr(library, "_dg_deferred", False):
+        return
+    from .interrupt import HeldSigint
+
+    with HeldSigint():  # half done, the module would be in the engine but never generated
+        library._codegen._add_module(library._final_module)
+        library._finalize_specific()
+        library._dg_deferred = False
+        stats["materialized"] += 1
+        _set_pending_envs(library._codegen)
+
+
+def _set_pending_envs(codegen) -> None:
+    """Point the environment globals that are now in the engine at their numba Environments.
+
+    NOTES: a function's code reads its Environment through a global that numba sets once the code is generated
+    (get_executable). A deferred function's global is in its own module and in each caller that linked its IR (a
+    raise with runtime arguments reads it to box them); the first of these modules the engine gets defines the symbol
+    every other one binds to, so it is set when that module arrives, whichever it is."""
+    if not _pending_envs:
+        return
+    engine = codegen._engine
+    for name in [name for name in _pending_envs if engine.is_symbol_defined(name)]:
+        _originals["set_env"](codegen, name, _pending_envs.pop(name))
+
+
+def _get_executable(self, library, fndesc, env):
+    if getattr(library, "_dg_lazy", False) or (not library._finalized and _deferrable(fndesc)):
+        library._dg_lazy = True
+        _pending_envs[self.get_env_name(fndesc)] = env
+        return LazyEntry(self, library, fndesc, env)
+    return _originals["get_executable"](self, library, fndesc, env)
+
+
+def _finalize_final_module(self):
+    if not getattr(self, "_dg_lazy", False):
+        _originals["finalize_final_module"](self)
+        _set_pending_envs(self._codegen)
+        return None
+    # numba's steps less the engine's: adding the module and generating its code wait for materialize()
+    self._finalize_dynamic_globals()
+    self._verify_declare_only_symbols()
+    self._final_module._CPUCodeLibrary__library = weakref.proxy(self)  # for numba's object-cache hooks
+    self._dg_deferred = True
+    self._finalized = True
+    stats["deferred"] += 1
+    return None
+
+
+def _get_pointer_to_function(self, name):
+    self._ensure_finalized()
+    materialize(self)
+    return _originals["get_pointer_to_function"](self, name)
+
+
+def _add_overload(self, cres):
+    entry = cres.entry_point
+    if not isinstance(entry, LazyEntry) or entry.real is not None:
+        return _originals["add_overload"](self, cres)
+    args = tuple(cres.signature.args)
+    entry.bound.append((self, [a._code for a in args], cres.objectmode))
+    self.overloads[args] = cres
+    return None
+
+
+def _serialize_using_object_code(self):
+    self._ensure_finalized()
+    if getattr(self, "_dg_deferred", False):
+        return (self.name, "bitcode", self._final_module.as_bitcode())
+    return _originals["serialize_using_object_code"](self)
+
+
+def _unserialize(cls, codegen, state):
+    name, kind, data = state
+    if kind != "bitcode":
+        return _originals["unserialize"](cls, codegen, state)
+    import llvmlite.binding as ll
+
+    module = ll.parse_bitcode(data)
+    library = codegen.create_library(name)
+    library._dg_lazy = _is_own_module(module)
+    library._final_module = module
+    library._finalize_final_module()
+    return library
+
+
+def _set_env(self, env_name, env):
+    if not self._engine.is_symbol_defined(env_name):
+        _pending_envs[env_name] = env  # set by materialize() once its library is generated
+        return
+    _originals["set_env"](self, env_name, env)
+
+
+def install() -> bool:
+    """Install the deferred code generation (idempotent); False when it is off or numba's internals differ."""
+    global _installed
+    with _lock:
+        if _installed:
+            return True
+        if not envs.DG_JIT_LAZY_CODEGEN.get() or not numba_internals_known():
+            return False
+        from numba.core import codegen, cpu, dispatcher
+
+        targets = {
+            "get_executable": (cpu.CPUContext, "get_executable", _get_executable),
+            "finalize_final_module": (codegen.CPUCodeLibrary, "_finalize_final_module", _finalize_final_module),
+            "get_pointer_to_function": (codegen.JITCodeLibrary, "get_pointer_to_function", _get_pointer_to_function),
+            "add_overload": (dispatcher._DispatcherBase, "add_overload", _add_overload),
+            "serialize_using_object_code": (codegen.CPUCodeLibrary, "serialize_using_object_code",
+                                            _serialize_using_object_code),
+            "unserialize": (codegen.CPUCodeLibrary, "_unserialize", classmethod(_unserialize)),
+            "set_env": (codegen.JITCPUCodegen, "set_env", _set_env),
+        }
+        for key, (cls, attr, _) in targets.items():
+            original = cls.__dict__.get(attr)
+            if original is None:
+                return False
+            _originals[key] = original.__func__ if isinstance(original, classmethod) else original
+        for cls, attr, replacement in targets.values():
+            setattr(cls, attr, replacement)
+        _installed = True
+        return True

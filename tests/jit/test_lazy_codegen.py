@@ -1,0 +1,78 @@
+"""Deferred machine code (jit/lazy_codegen.py): a kernel's callees get none until called from Python, the entry gets
+its own at once; a deferred function called from Python works (and raises) like any numba function; numba's disk cache
+keeps deferred libraries as bitcode and loads them deferred again; DG_JIT_LAZY_CODEGEN=0 restores numba's behaviour.
+Each case runs in a child process with a fresh cache root, so every function compiles cold."""
+
+from __future__ import annotations
+
+from jit_helpers import EXAMPLE_DEVICE, run_child
+
+# Builds the helpers example (TILE from the environment: one specialization per value) and runs it, then reports on
+# its device callee fill (never called from Python until then), calls fill from Python and reports again.
+CHILD = f"""
+import json, os
+import numpy as np
+from deep_gemm.jit import build, lazy_codegen
+from deep_gemm.jit.numba_setup import apply_numba_settings
+from deep_gemm.jit.example_device import fill
+tile = int(os.environ["TEST_TILE"])
+k = build("helpers", {{"NUM_AI_CORES": 3, "TILE": tile}}, template="examples/helpers", device_module={EXAMPLE_DEVICE!r})
+n = 3 * tile + 5
+x = np.arange(n, dtype=np.float32); y = np.ones(n, np.float32); tiles = np.zeros(4, np.int32)
+k(x, y, tiles, n, 2.0)
+sign = np.where((np.arange(n) // tile) % 2 == 1, -1.0, 1.0).astype(np.float32)
+ok = bool(np.array_equal(y, (2 * np.arange(n, dtype=np.float32) + 1) * sign))
+(cres,) = fill.overloads.values()
+callee_deferred = bool(getattr(cres.library, "_dg_deferred", False))
+entry_libs = [c.library for fn in k.phase_fns for c in fn.dispatcher.overloads.values()]
+dst = np.zeros(3, np.float32)
+fill(dst, np.float32(1.5))  # the types the kernel compiled fill for
+print(json.dumps({{
+    "lazy": apply_numba_settings()["lazy_codegen"], "ok": ok,
+    "callee_deferred": callee_deferred, "callee_cache_hits": sum(fill.stats.cache_hits.values()),
+    "entries_deferred": [bool(getattr(lib, "_dg_deferred", False)) for lib in entry_libs],
+    "after_call_deferred": bool(getattr(cres.library, "_dg_deferred", False)),
+    "call": dst.tolist(), "stats": dict(lazy_codegen.stats),
+}}))
+"""
+
+
+def test_callees_get_machine_code_only_when_called_from_python(tmp_path):
+    first = run_child(CHILD, tmp_path, extra_env={"TEST_TILE": "16"})
+    assert first["lazy"] is True and first["ok"]
+    assert first["callee_deferred"] and first["callee_cache_hits"] == 0
+    assert first["entries_deferred"] == [False]  # the launcher runs it: generated at once
+    assert first["after_call_deferred"] is False and first["stats"]["materialized"] >= 1
+    assert first["call"] == [1.5] * 3
+
+    # A new specialization in a new process: fill comes from numba's disk cache (stored as bitcode), deferred
+    second = run_child(CHILD, tmp_path, extra_env={"TEST_TILE": "8"})
+    assert second["ok"]
+    assert second["callee_cache_hits"] == 1 and second["callee_deferred"]
+    assert second["call"] == [1.5] * 3
+
+
+def test_off_switch_keeps_numba_eager(tmp_path):
+    out = run_child(CHILD, tmp_path, extra_env={"TEST_TILE": "16", "DG_JIT_LAZY_CODEGEN": "0"})
+    assert out["lazy"] is False and out["ok"]
+    assert not out["callee_deferred"] and out["stats"] == {"deferred": 0, "materialized": 0}
+    assert out["call"] == [1.5] * 3
+
+
+def test_a_deferred_function_raises_on_its_first_python_call(tmp_path):
+    out = run_child("""
+        import json
+        import numpy as np
+        from deep_gemm.device import vector
+        from deep_gemm.jit import lazy_codegen
+        errors = []
+        for _ in range(2):  # the first call materializes the library, the second goes through numba's C dispatch
+            try:
+                vector.check_same_shape(np.zeros((2, 3), np.float32), np.zeros((3, 2), np.float32))
+            except ValueError as e:
+                errors.append(str(e))
+        vector.check_same_shape(np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32))
+        print(json.dumps({"errors": errors, "stats": dict(lazy_codegen.stats)}))
+    """, tmp_path)
+    assert len(out["errors"]) == 2 and out["errors"][0] == out["errors"][1], out
+    assert out["stats"]["materialized"] >= 1
