@@ -60,9 +60,12 @@ def test_off_switch_keeps_numba_eager(tmp_path):
 
 
 def test_a_deferred_function_raises_on_its_first_python_call(tmp_path):
+    # check_same_shape raises with its own runtime values; DataCopyPad's callee (gm_to_ub, linked into DataCopyPad,
+    # its own library never generated) raises with runtime values, which are boxed through that callee's Environment
     out = run_child("""
         import json
         import numpy as np
+        from deep_gemm import device
         from deep_gemm.device import vector
         from deep_gemm.jit import lazy_codegen
         errors = []
@@ -72,7 +75,13 @@ def test_a_deferred_function_raises_on_its_first_python_call(tmp_path):
             except ValueError as e:
                 errors.append(str(e))
         vector.check_same_shape(np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32))
-        print(json.dumps({"errors": errors, "stats": dict(lazy_codegen.stats)}))
+        out, ub = np.zeros(200, np.float32), np.ones((6, 16), np.float32)
+        try:
+            device.DataCopyPad(out, ub, 100, 40, 4, 13, 0)
+        except IndexError as e:
+            errors.append(str(e))
+        print(json.dumps({"errors": errors, "untouched": not out.any(), "stats": dict(lazy_codegen.stats)}))
     """, tmp_path)
-    assert len(out["errors"]) == 2 and out["errors"][0] == out["errors"][1], out
-    assert out["stats"]["materialized"] >= 1
+    assert len(out["errors"]) == 3 and out["errors"][0] == out["errors"][1], out
+    assert "GM" in out["errors"][2] and out["untouched"], out
+    assert out["stats"]["materialized"] >= 2
