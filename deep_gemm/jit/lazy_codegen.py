@@ -7,15 +7,15 @@ every callee, then hand the module to LLVM's MCJIT, which generates machine code
 right away, so that the function can be called from Python. A kernel entry links the IR of every device function
 and inner kernel function it reaches and gets all their code in its own machine code; the machine code of those
 callees' own libraries is never run (a kernel never calls a device function from Python, and the native library is
-the entry's object code alone). It was a third of a cold compile: 5.1 s of MCJIT code generation in the first
-tf32_hc_prenorm_gemm of a process, 2.9 s of it for the kernel's entries and their inner functions, and 1.5 s of
-the first FP8 GEMM's.
+the entry's object code alone). That was a quarter to a third of a cold compile: 5.1 s of MCJIT code generation in
+the first tf32_hc_prenorm_gemm of a process (16.5 s; 2.9 s of it for the kernel's entries and inner functions, which
+repeat each other's code), 1.5 s of the first FP8 GEMM's (6 s).
 
 How it is done (numba's private internals, installed only for the release they were read from, numba_internals_known;
 DG_JIT_LAZY_CODEGEN=0 or DG_JIT_FAST_MATH_SETUP=0 leaves numba alone):
 - ``CPUContext.get_executable`` (numba asks it for a Python-callable wrapper once a function is compiled) returns a
   ``LazyEntry`` for deep_gemm's functions (modules ``deep_gemm.*`` and generated kernel modules) other than kernel
-  entries (``keep_eager``): the library is marked deferred and stays unfinalized.
+  entries (``keep_eager``): the library is marked lazy and stays unfinalized.
 - Finalizing a deferred library (when a caller links it) optimizes it as before but leaves it out of the execution
   engine; ``materialize`` adds it and generates its code when a pointer into it is first needed (numba's
   ``get_pointer_to_function``, a ``LazyEntry`` call).
@@ -23,8 +23,9 @@ DG_JIT_LAZY_CODEGEN=0 or DG_JIT_FAST_MATH_SETUP=0 leaves numba alone):
   of the function finds no match there, numba's slow path calls the ``LazyEntry``, which materializes the library,
   registers the real wrapper for the next calls and runs it.
 - numba's disk cache stores a library as object code; a deferred library has none, so it is stored as LLVM bitcode
-  (numba's own other format, which numba loads too) and loaded deferred again. Environment pointers that numba sets
-  on a load for symbols not generated yet are set when their library is.
+  (numba's own other format, which numba loads too) and loaded deferred again.
+- A function's Environment pointer (which its code reads to box the values of an exception it raises) is set once a
+  module defining its symbol reaches the engine: its own library, or a caller that linked its IR (_set_pending_envs).
 """
 
 from __future__ import annotations
