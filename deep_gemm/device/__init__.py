@@ -63,6 +63,7 @@ from .vector import (  # noqa: E402
     Muls,
     ReduceMax,
     ReduceSum,
+    ReduceSumSquares,
     Relu,
     Select,
     Sub,
@@ -81,7 +82,7 @@ __all__ = [
     "DataCopy", "DataCopyPad", "DataCopyBursts",
     # AIV: Vector unit (device/vector.py, device/cast.py)
     "Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Axpy", "Maxs", "Mins", "Abs", "Exp", "Relu", "Duplicate",
-    "Compare", "Select", "ReduceMax", "ReduceSum", "Cast", "CastToUE8M0", "CastFromUE8M0",
+    "Compare", "Select", "ReduceMax", "ReduceSum", "ReduceSumSquares", "Cast", "CastToUE8M0", "CastFromUE8M0",
     # AIV: top-k selection (device/select.py)
     "OrderKeys", "CountNaN", "TopkFilter", "RadixSelect", "TopkCompact", "TopkSortDesc",
     # Pipe synchronisation

@@ -236,6 +236,29 @@ def test_row_sums_in_simd_blocks_keep_the_sequential_order(rng, rows, cols):
         assert dst[rows] == 7.0
 
 
+@pytest.mark.parametrize("rows, cols", [(1, 5), (15, 16), (16, 16), (17, 47), (33, 64), (64, 128), (40, 100)])
+def test_row_sums_of_squares_are_mul_then_reduce_sum(rng, rows, cols):
+    # ReduceSumSquares (the HC AIVs' VF) keeps the squares in registers: per row, every square rounded to fp32 and
+    # added in column order, the bits of Mul into a UB tile then ReduceSum AR (SIMD blocks, a strided view, specials)
+    big = _data(rng, (rows, cols + 9))
+    big[0, :] = -0.0
+    big[2 % rows, 1], big[3 % rows, [0, cols - 1]] = np.nan, (np.inf, -np.inf)
+    big[4 % rows, 2] = 3e20  # its square overflows fp32 to Inf, as Mul's does
+    for x in (big[:, :cols], np.ascontiguousarray(big[:, :cols])):
+        dst = np.full(rows + 1, 7.0, F32)
+        device.ReduceSumSquares(dst, x)
+        sq = np.empty((rows, cols), F32)
+        device.Mul(sq, x, x, rows * cols)
+        want = np.zeros(rows, F32)
+        device.ReduceSum(want, sq, enums.ReducePattern.AR)
+        _assert_same_f32(dst[:rows], want)
+        with np.errstate(over="ignore", invalid="ignore"):
+            _assert_same_f32(dst[:rows], _seq_sum(x * x, 1))
+        assert dst[rows] == 7.0
+    with pytest.raises(ValueError, match="one element per row"):
+        device.ReduceSumSquares(np.zeros(rows - 1 if rows > 1 else 0, F32), big[:, :cols])
+
+
 def _assert_same_f32(got, want, err_msg=""):
     """Bit-equal fp32, except that a NaN only has to be a NaN (which operand's sign and payload an IEEE operation
     passes on is the compiler's choice: LLVM may commute an addition)."""
@@ -449,7 +472,7 @@ def test_fixpipe_to_ub(rng, ub_dtype):
 def test_every_vector_intrinsic_is_exported_and_documented():
     names = ["Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Axpy", "Maxs", "Abs", "Exp", "Relu",
              "Duplicate", "Compare", "Select", "Cast", "CastToUE8M0", "CastFromUE8M0", "ReduceMax", "ReduceSum",
-             "DataCopy", "DataCopyPad", "FixpipeToUB"]
+             "ReduceSumSquares", "DataCopy", "DataCopyPad", "FixpipeToUB"]
     for name in names:
         assert name in device.__all__
         assert getattr(device, name).__doc__.startswith(name.split("To")[0][:4])
