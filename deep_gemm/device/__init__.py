@@ -19,7 +19,7 @@ from .capacity import (  # noqa: E402
     keeps_a_resident,
     num_mad_tiles,
 )
-from .cast import Cast, CastFromUE8M0, CastToUE8M0  # noqa: E402
+from .cast import Cast, CastFromUE8M0, CastReduceSumSquares, CastToUE8M0  # noqa: E402
 from .copy import (  # noqa: E402
     FP4_E2M1_VALUES,
     FP8_E4M3_VALUES,
@@ -63,7 +63,6 @@ from .vector import (  # noqa: E402
     Muls,
     ReduceMax,
     ReduceSum,
-    ReduceSumSquares,
     Relu,
     Select,
     Sub,
@@ -82,7 +81,7 @@ __all__ = [
     "DataCopy", "DataCopyPad", "DataCopyBursts",
     # AIV: Vector unit (device/vector.py, device/cast.py)
     "Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Axpy", "Maxs", "Mins", "Abs", "Exp", "Relu", "Duplicate",
-    "Compare", "Select", "ReduceMax", "ReduceSum", "ReduceSumSquares", "Cast", "CastToUE8M0", "CastFromUE8M0",
+    "Compare", "Select", "ReduceMax", "ReduceSum", "Cast", "CastReduceSumSquares", "CastToUE8M0", "CastFromUE8M0",
     # AIV: top-k selection (device/select.py)
     "OrderKeys", "CountNaN", "TopkFilter", "RadixSelect", "TopkCompact", "TopkSortDesc",
     # Pipe synchronisation

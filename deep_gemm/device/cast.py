@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, types
+from numba.core.errors import TypingError
 from numba.extending import overload
 
 from ..jit import enums
 from ..jit.numba_setup import apply_numba_settings
 from ._bits import bits_to_f32, decode_bf16, decode_e4m3, f32_to_bits
 from .cube import _data_ptr, _ptr_add
+from .cube_fma import LANES
 from .fixpipe import _round_bf16_lanes
 from .vector import _row_step, _unit_cols, as_rows, check_count, check_same_shape
+from .vector_rows import row_square_sums_f32
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
 apply_numba_settings()
@@ -146,6 +149,67 @@ def Cast(dst, src, round_mode, count):  # noqa: N802
             d[i, j] = _convert(s[i, j], d)
     for j in range(rest):
         d[full, j] = _convert(s[full, j], d)
+
+
+def _widening(dst, src):
+    """Nothing when (dst, src) is (fp32, uint16 bf16 bits); any other pair fails to compile with a TypingError
+    (numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_widening)
+def _widening_impl(dst, src):
+    if dst.dtype == types.float32 and src.dtype == types.uint16:
+        return lambda dst, src: None
+    raise TypingError(f"CastReduceSumSquares widens bf16 (uint16 bits) to fp32, got src {src.dtype} -> dst "
+                      f"{dst.dtype}")
+
+
+@njit(cache=True)
+def CastReduceSumSquares(dst, src, sums, chunk):  # noqa: N802
+    """CastReduceSumSquares(dst, src, sums, chunk): the HC pre-norm AIVs' VF: widen the bf16 tile ``src`` (uint16
+    bits, 2-D) into the fp32 tile ``dst`` (exact, as Cast) and, ``chunk`` columns at a time, add each row's sum of
+    squares to ``sums`` (1-D fp32, >= one element per row): sums[i] = sums[i] + (dst[i, c0]^2 + dst[i, c0 + 1]^2 +
+    ...), each square and addition rounded to fp32, in column order. The bits of Cast, then per chunk Mul into a
+    squares tile, ReduceSum AR and Add; in one pass, a block of rows at a time while it is in L1, the squares never
+    stored (the chip widens, squares and sums a half tile in one SIMD VF, in registers; Ascend C has no such API)."""
+    d = as_rows(dst)
+    s = as_rows(src)
+    check_same_shape(d, s)
+    _widening(d, s)
+    rows, cols = d.shape
+    if sums.ndim != 1 or sums.shape[0] < rows or chunk < 1:
+        raise ValueError("CastReduceSumSquares: sums needs one element per row and chunk >= 1", sums.shape[0], rows,
+                         chunk)
+    blk = np.empty(LANES, np.float32)
+    if _unit_cols(d) and _unit_cols(s) and sums.strides[0] == 4:
+        pd, ps, pb = _data_ptr(d), _data_ptr(s), _data_ptr(blk)
+        dr, sr = _row_step(d), _row_step(s)
+        for i0 in range(0, rows, LANES):
+            block = min(LANES, rows - i0)
+            for c0 in range(0, cols, chunk):
+                n = min(chunk, cols - c0)
+                for i in range(i0, i0 + block):
+                    _cast_row(_ptr_add(pd, i * dr + c0), _ptr_add(ps, i * sr + c0), n)
+                vn = n - n % LANES if block == LANES else 0
+                if vn:
+                    # LANES rows' first vn columns, transposed in registers: each row's squares in column order
+                    row_square_sums_f32(pb, _ptr_add(pd, i0 * dr + c0), dr, n)
+                for i in range(i0, i0 + block):
+                    acc = blk[i - i0] if vn else d[i, c0] * d[i, c0]
+                    for j in range(c0 + (vn if vn else 1), c0 + n):
+                        acc = acc + d[i, j] * d[i, j]
+                    sums[i] = sums[i] + acc
+        return
+    for c0 in range(0, cols, chunk):
+        n = min(chunk, cols - c0)
+        for i in range(rows):
+            acc = np.float32(0.0)
+            for j in range(c0, c0 + n):
+                v = decode_bf16(s[i, j])
+                d[i, j] = v
+                acc = v * v if j == c0 else acc + v * v
+            sums[i] = sums[i] + acc
 
 
 @njit(cache=True)

@@ -22,7 +22,7 @@ from ..jit.numba_setup import apply_numba_settings
 from ._bits import decode_bf16
 from .cube import _data_ptr, _ptr_add
 from .cube_fma import LANES
-from .vector_rows import row_square_sums_f32, row_sums_f32
+from .vector_rows import row_sums_f32
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
 apply_numba_settings()
@@ -569,62 +569,30 @@ def _row_sums_by_blocks(dst, src, rows, cols):
     raise NotImplementedError("numba-only helper")
 
 
-def _row_square_sums_by_blocks(dst, src, rows, cols):
-    """ReduceSumSquares' first rows, as _row_sums_by_blocks (numba-only)."""
-    raise NotImplementedError("numba-only helper")
+@overload(_row_sums_by_blocks)
+def _row_sums_by_blocks_impl(dst, src, rows, cols):
+    if not (src.dtype == dst.dtype == types.float32):
+        return lambda dst, src, rows, cols: 0
 
+    def impl(dst, src, rows, cols):
+        if cols < LANES or dst.strides[0] != _itemsize(dst) or not _unit_cols(src) \
+                or not _apart_or_same(as_rows(dst), src):
+            return 0
+        # LANES rows at a time, transposed in registers (vector_rows.row_sums_f32), the last columns added per row in
+        # order after them: the additions of the element loop, in its order
+        pd, ps, ld = _data_ptr(dst), _data_ptr(src), _row_step(src)
+        vcols = cols - cols % LANES
+        done = rows - rows % LANES
+        for i0 in range(0, done, LANES):
+            row_sums_f32(_ptr_add(pd, i0), _ptr_add(ps, i0 * ld), ld, cols)
+            for i in range(i0, i0 + LANES):
+                acc = dst[i]
+                for j in range(vcols, cols):
+                    acc = acc + src[i, j]
+                dst[i] = acc
+        return done
 
-def _by_blocks_impl(block_sums, square: bool):
-    """The overload of a _row_*sums_by_blocks helper: LANES rows at a time through the explicit-SIMD ``block_sums``
-    (vector_rows), the last columns added per row in order after them (squared first when ``square``): the
-    additions of the element loop, in its order."""
-
-    def overload_impl(dst, src, rows, cols):
-        if not (src.dtype == dst.dtype == types.float32):
-            return lambda dst, src, rows, cols: 0
-
-        def impl(dst, src, rows, cols):
-            if cols < LANES or dst.strides[0] != _itemsize(dst) or not _unit_cols(src) \
-                    or not _apart_or_same(as_rows(dst), src):
-                return 0
-            pd, ps, ld = _data_ptr(dst), _data_ptr(src), _row_step(src)
-            vcols = cols - cols % LANES
-            done = rows - rows % LANES
-            for i0 in range(0, done, LANES):
-                block_sums(_ptr_add(pd, i0), _ptr_add(ps, i0 * ld), ld, cols)
-                for i in range(i0, i0 + LANES):
-                    acc = dst[i]
-                    for j in range(vcols, cols):
-                        acc = acc + (src[i, j] * src[i, j] if square else src[i, j])
-                    dst[i] = acc
-            return done
-
-        return impl
-
-    return overload_impl
-
-
-overload(_row_sums_by_blocks)(_by_blocks_impl(row_sums_f32, False))
-overload(_row_square_sums_by_blocks)(_by_blocks_impl(row_square_sums_f32, True))
-
-
-@njit(cache=True)
-def ReduceSumSquares(dst, src):  # noqa: N802
-    """ReduceSumSquares(dst, src): the sum of the squares of each row of the 2-D fp32 ``src`` into the 1-D ``dst``
-    (>= one element per row), each square rounded to fp32 and added in index order: bitwise Mul(sq, src, src, n)
-    then ReduceSum(dst, sq, ReducePattern::AR), without the squares passing through the UB. The chip's AIVs square
-    and sum a tile in one SIMD VF, in registers (the HC pre-norm GEMM's row sums); Ascend C has no such API."""
-    if src.ndim != 2 or dst.ndim != 1:
-        raise ValueError("ReduceSumSquares: src must be 2-D and dst 1-D")
-    rows, cols = src.shape
-    if dst.shape[0] < rows or cols < 1:
-        raise ValueError("ReduceSumSquares: dst needs one element per row, src at least one column", dst.shape[0],
-                         rows, cols)
-    for i in range(_row_square_sums_by_blocks(dst, src, rows, cols), rows):
-        acc = src[i, 0] * src[i, 0]
-        for j in range(1, cols):
-            acc = acc + src[i, j] * src[i, j]
-        dst[i] = acc
+    return impl
 
 
 @njit(cache=True)

@@ -1,8 +1,9 @@
 """The Vector unit's fp32 row sums, and sums of squares, as explicit SIMD (device/vector.py's ReduceSum AR and
-ReduceSumSquares call them), emitted as LLVM IR: LANES rows at a time, each LANES x LANES block transposed in
-registers, so lane i adds row i's columns one after another: the element loop's additions in its order (bitwise its
-result; which NaN an addition of two NaNs passes on is the compiler's choice either way). A 64 x 64 strided tile:
-743 -> ~200 ns.
+cast.py's CastReduceSumSquares call them), emitted as LLVM IR: LANES rows at a time, each LANES x LANES block
+transposed in registers, so lane i adds row i's columns one after another: the element loop's additions in its order
+(bitwise its result; which NaN an addition of two NaNs passes on is the compiler's choice either way). A 64 x 64
+strided tile: 743 -> ~200 ns.
+
 NOTES: explicit SIMD for the elementwise instructions (Add, Mul, ...) was tried too: a 64 x 64 strided Mul 395 ->
 ~290 ns, but picking it per instruction needs the element function at compile time (an inlined overload), which made
 a mixed kernel's cold compile ~2.5 s longer (HC pre-norm 18.1 -> 21.1 s) for ~5% of an HC call; not kept.

@@ -45,8 +45,8 @@ BLOCK_M = 128
 BLOCK_K = 256
 MAD_K = 64
 # UB ring of the AIVs: A's bf16 codes (GM -> UB) and the widened fp32 tiles handed to the AIC. The chip's kernel has
-# 3 and 2; the stand-in has 2 and 2 (its UB held the squares until they moved into one VF, ReduceSumSquares, as
-# the chip's; a third codes stage would fit now, and changes nothing on the CPU, where the stages run in turn).
+# 3 and 2; the stand-in has 2 and 2 (its UB held the squares until they moved into one VF, CastReduceSumSquares,
+# as the chip's; a third codes stage would fit now, and changes nothing on the CPU, where the stages run in turn).
 NUM_LOAD_STAGES = 2
 NUM_CAST_STAGES = 2
 # NOTES: the Vector unit's time for one AIV half tile (64 rows x 256 of A: widen to fp32, square, add, row sums,

@@ -52,7 +52,7 @@ class _Counting:
         def vector(name):
             def op(*args):
                 self.add("vector_instructions")
-                if name == "Cast":
+                if name == "CastReduceSumSquares":
                     self.add("half_tiles")
             return op
 
@@ -62,7 +62,7 @@ class _Counting:
         def noop(*args):
             return None
 
-        names = {name: vector(name) for name in ("Add", "Cast", "Duplicate", "ReduceSumSquares")}
+        names = {name: vector(name) for name in ("Add", "CastReduceSumSquares", "Duplicate")}
         names.update(copy_gm_to_l1_tf32=copy_gm_to_l1_tf32, load_l0a=load_l0a, load_l0b=load_l0b, mmad=mmad,
                      Fixpipe=fixpipe, DataCopyPad=data_copy_pad, ub_tensor=ub_tensor, SetFlag=noop, WaitFlag=noop,
                      cross_core_set=noop, cross_core_try_wait=lambda *args: True, cancel_requested=lambda c: False,

@@ -236,27 +236,36 @@ def test_row_sums_in_simd_blocks_keep_the_sequential_order(rng, rows, cols):
         assert dst[rows] == 7.0
 
 
-@pytest.mark.parametrize("rows, cols", [(1, 5), (15, 16), (16, 16), (17, 47), (33, 64), (64, 128), (40, 100)])
-def test_row_sums_of_squares_are_mul_then_reduce_sum(rng, rows, cols):
-    # ReduceSumSquares (the HC AIVs' VF) keeps the squares in registers: per row, every square rounded to fp32 and
-    # added in column order, the bits of Mul into a UB tile then ReduceSum AR (SIMD blocks, a strided view, specials)
-    big = _data(rng, (rows, cols + 9))
-    big[0, :] = -0.0
-    big[2 % rows, 1], big[3 % rows, [0, cols - 1]] = np.nan, (np.inf, -np.inf)
-    big[4 % rows, 2] = 3e20  # its square overflows fp32 to Inf, as Mul's does
-    for x in (big[:, :cols], np.ascontiguousarray(big[:, :cols])):
-        dst = np.full(rows + 1, 7.0, F32)
-        device.ReduceSumSquares(dst, x)
-        sq = np.empty((rows, cols), F32)
-        device.Mul(sq, x, x, rows * cols)
-        want = np.zeros(rows, F32)
-        device.ReduceSum(want, sq, enums.ReducePattern.AR)
-        _assert_same_f32(dst[:rows], want)
-        with np.errstate(over="ignore", invalid="ignore"):
-            _assert_same_f32(dst[:rows], _seq_sum(x * x, 1))
-        assert dst[rows] == 7.0
+@pytest.mark.parametrize("rows, cols, chunk", [(1, 5, 128), (15, 16, 8), (16, 256, 128), (17, 47, 16), (33, 200, 128),
+                                              (64, 256, 128), (40, 100, 64)])
+def test_widening_and_row_sums_of_squares_are_cast_mul_reduce_sum_add(rng, rows, cols, chunk):
+    # CastReduceSumSquares (the HC AIVs' VF) keeps the squares in registers: the fp32 tile and every row's running sum
+    # are the bits of Cast, then per chunk Mul into a squares tile, ReduceSum AR and Add (SIMD row blocks, strided
+    # views, the element path, specials: NaN, +-Inf, a square that overflows fp32)
+    values = _data(rng, (rows, cols + 9))
+    values[0, :] = -0.0
+    values[2 % rows, 1], values[3 % rows, [0, cols - 1]] = np.nan, (np.inf, -np.inf)
+    values[4 % rows, 2] = 3e20
+    big = values.astype(ml_dtypes.bfloat16).view(np.uint16)
+    start = _data(rng, (rows,))
+    for src in (big[:, :cols], np.ascontiguousarray(big[:, :cols]), np.asfortranarray(big[:, :cols])):
+        tile, sums = np.full((rows, cols), 5.0, F32), np.append(start, 7.0).astype(F32)
+        device.CastReduceSumSquares(tile, src, sums, chunk)
+        want_tile, want = np.empty((rows, cols), F32), start.copy()
+        device.Cast(want_tile, src, enums.RoundMode.CAST_NONE, rows * cols)
+        for c0 in range(0, cols, chunk):
+            part = np.ascontiguousarray(want_tile[:, c0:c0 + chunk])
+            sq, blk = np.empty_like(part), np.empty(rows, F32)
+            device.Mul(sq, part, part, part.size)
+            device.ReduceSum(blk, sq, enums.ReducePattern.AR)
+            device.Add(want, want, blk, rows)
+        _assert_same_f32(tile, want_tile)
+        _assert_same_f32(sums[:rows], want)
+        assert sums[rows] == 7.0
     with pytest.raises(ValueError, match="one element per row"):
-        device.ReduceSumSquares(np.zeros(rows - 1 if rows > 1 else 0, F32), big[:, :cols])
+        device.CastReduceSumSquares(np.zeros((rows, cols), F32), big[:, :cols], np.zeros(rows - 1, F32), chunk)
+    with pytest.raises(TypingError, match="widens bf16"):
+        device.CastReduceSumSquares(np.zeros((rows, cols), F32), np.zeros((rows, cols), F32), np.zeros(rows, F32), 8)
 
 
 def _assert_same_f32(got, want, err_msg=""):
@@ -472,7 +481,7 @@ def test_fixpipe_to_ub(rng, ub_dtype):
 def test_every_vector_intrinsic_is_exported_and_documented():
     names = ["Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Axpy", "Maxs", "Abs", "Exp", "Relu",
              "Duplicate", "Compare", "Select", "Cast", "CastToUE8M0", "CastFromUE8M0", "ReduceMax", "ReduceSum",
-             "ReduceSumSquares", "DataCopy", "DataCopyPad", "FixpipeToUB"]
+             "CastReduceSumSquares", "DataCopy", "DataCopyPad", "FixpipeToUB"]
     for name in names:
         assert name in device.__all__
         assert getattr(device, name).__doc__.startswith(name.split("To")[0][:4])
