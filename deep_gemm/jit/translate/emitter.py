@@ -63,6 +63,17 @@ class Emitter:
             self.emit("pass", node)
         self.indent -= 1
 
+    def emit_claim_loop(self, core_call: str, node: Node) -> None:
+        """A threads-launcher entry's body: claim logical cores until none is left, running ``core_call`` for each,
+        then count the call finished."""
+        self.emit("while True:", node)
+        self.indent += 1
+        for text in CLAIM_CORE.splitlines():
+            self.emit(text, node)
+        self.emit(core_call, node)
+        self.indent -= 1
+        self.emit(FINISH_PART, node)
+
     def line_tag(self, line: int) -> str:
         """`L<n>`: line n of the template (of the source without a line map); `<file>:L<n>`: of an imported one."""
         return self.line_map.tag(line) if self.line_map is not None else f"L{line}"

@@ -188,13 +188,7 @@ class EntryABI:
         self.emit("@njit(nogil=True, cache=True)", node)
         self.emit(f"def {sig.name}({', '.join([*params, CANCEL, CORES])}):", node)
         self.indent += 1
-        self.emit("while True:", node)
-        self.indent += 1
-        for text in CLAIM_CORE.splitlines():
-            self.emit(text, node)
-        self.emit(f"_{sig.name}_core({', '.join(['_block_idx', CANCEL, *args])})", node)
-        self.indent -= 1
-        self.emit(FINISH_PART, node)
+        self.emit_claim_loop(f"_{sig.name}_core({', '.join(['_block_idx', CANCEL, *args])})", node)
         self.indent -= 1
         self.emit("", None)
         self.emit("@njit(parallel=True, cache=True)", node)

@@ -19,7 +19,7 @@ from tree_sitter import Node
 
 from .. import enums
 from .ctype import BOOL, UNKNOWN, VOID, CType, Expr, int_value
-from .emitter import CANCEL, CLAIM_CORE, CORES, FINISH_PART
+from .emitter import CANCEL, CORES
 
 # Hidden names of the generated code (template identifiers may not start with _dg)
 SUB = "_dg_sub"
@@ -284,13 +284,7 @@ class MixedKernels:
                 # UB per core (2 x UB_BYTES, above glibc's mmap threshold) page-faulted in every call, ~0.3 ms a core.
                 self.emit(f"{CROSS} = new_cross_state({self.ub_bytes()})", node)
                 core_args = ["_block_idx", CROSS, CANCEL, *args]
-            self.emit("while True:", node)
-            self.indent += 1
-            for text in CLAIM_CORE.splitlines():
-                self.emit(text, node)
-            self.emit(f"_{sig.name}_core{suffix}({', '.join(core_args)})", node)
-            self.indent -= 1
-            self.emit(FINISH_PART, node)
+            self.emit_claim_loop(f"_{sig.name}_core{suffix}({', '.join(core_args)})", node)
             self.indent -= 1
         self.phase_entries = phase_names
         self.emit("", None)
