@@ -26,10 +26,16 @@ DG_JIT_LAZY_CODEGEN=0 or DG_JIT_FAST_MATH_SETUP=0 leaves numba alone):
   (numba's own other format, which numba loads too) and loaded deferred again.
 - A function's Environment pointer (which its code reads to box the values of an exception it raises) is set once a
   module defining its symbol reaches the engine: its own library, or a caller that linked its IR (_set_pending_envs).
+- Nor do such functions get numba's two wrappers at compile time (the CPython wrapper a Python call goes through and
+  the C wrapper of a first-class function pointer): numba lowers both into the function's library, so every caller
+  linked, optimized and generated code for the wrappers of all its callees. They are built on first need, in a small
+  library of their own that links the function's (``_wrapper_library``); what they need (numba's function and
+  generator descriptors, whether the call releases the GIL) is kept with the library and in numba's disk cache.
 """
 
 from __future__ import annotations
 
+import copy
 import threading
 import weakref
 
@@ -41,7 +47,7 @@ _lock = threading.Lock()
 _eager: set[tuple[str, str]] = set()  # (module, qualname) of the kernel entries: machine code at once
 _pending_envs: dict[str, object] = {}  # environment symbol -> numba Environment, for libraries not generated yet
 _originals: dict[str, object] = {}
-stats = {"deferred": 0, "materialized": 0}
+stats = {"deferred": 0, "materialized": 0, "wrappers": 0}
 
 
 def keep_eager(py_func) -> None:
@@ -119,7 +125,110 @@ def _set_pending_envs(codegen) -> None:
         _originals["set_env"](codegen, name, _pending_envs.pop(name))
 
 
+class WrapperRecipe:
+    """What numba needs to build a deferred function's wrappers later: its descriptor and Environment (set when
+    numba asks for the function's executable), the generator descriptor of a generator function, whether the CPython
+    wrapper releases the GIL (``nogil``), whether the function's arrays are NRT-managed (how the wrapper boxes them)
+    and which of the two wrappers numba would have built."""
+
+    __slots__ = ("cpython", "cfunc", "release_gil", "gendesc", "nrt", "context", "fndesc", "env")
+
+    def __init__(self, cpython=False, cfunc=False, release_gil=False, gendesc=None, nrt=True):
+        self.cpython, self.cfunc, self.release_gil, self.gendesc = cpython, cfunc, release_gil, gendesc
+        self.nrt = nrt
+        self.context = self.fndesc = self.env = None
+
+    def names(self) -> tuple[str, ...]:
+        if self.fndesc is None:
+            return ()
+        out = []
+        if self.cpython:
+            out.append(self.fndesc.llvm_cpython_wrapper_name)
+            if self.gendesc is not None:
+                out.append(self.gendesc.llvm_cpython_wrapper_name)
+        if self.cfunc:
+            out.append(self.fndesc.llvm_cfunc_wrapper_name)
+        return tuple(out)
+
+    def state(self) -> tuple:
+        """For numba's disk cache (pickled with the library): the descriptor without its typing maps, as numba
+        stores a function's own."""
+        gendesc = None
+        if self.gendesc is not None:
+            gendesc = copy.copy(self.gendesc)
+            gendesc.typemap = gendesc.calltypes = None
+        return (self.cpython, self.cfunc, self.release_gil, gendesc, self.nrt)
+
+
+def _recipe(library) -> WrapperRecipe:
+    recipe = getattr(library, "_dg_wrappers", None)
+    if recipe is None:
+        recipe = library._dg_wrappers = WrapperRecipe()
+    return recipe
+
+
+def _create_cpython_wrapper(self, release_gil=False):
+    if not _deferrable(self.fndesc):
+        return _originals["create_cpython_wrapper"](self, release_gil)
+    recipe = _recipe(self.library)
+    recipe.cpython, recipe.release_gil, recipe.nrt = True, bool(release_gil), bool(self.context.enable_nrt)
+    recipe.gendesc = self.genlower.gendesc if self.genlower else None
+    return None
+
+
+def _create_cfunc_wrapper(self):
+    if not _deferrable(self.fndesc) or self.genlower:
+        return _originals["create_cfunc_wrapper"](self)
+    recipe = _recipe(self.library)
+    recipe.cfunc, recipe.nrt = True, bool(self.context.enable_nrt)
+    return None
+
+
+def _wrapper_library(library):
+    """The library holding ``library``'s wrappers, built (and its machine code generated) on first use: numba's
+    wrappers for the recorded function, linked with the function's own optimized IR."""
+    wrappers = getattr(library, "_dg_wrapper_library", None)
+    if wrappers is not None:
+        return wrappers
+    from numba.core.compiler_lock import global_compiler_lock
+
+    from .interrupt import HeldSigint
+
+    recipe = library._dg_wrappers
+    context, fndesc, env = recipe.context, recipe.fndesc, recipe.env
+    if context.enable_nrt != recipe.nrt:
+        # NOTES: numba compiles a function in a sub-target of its flags (NRT on for nopython functions) but rebuilds
+        # a cached one with the dispatcher's base context (NRT off): the wrappers box arrays as the function was
+        # compiled, or a returned array would be boxed as a view of its (absent) parent object
+        context = context.subtarget(enable_nrt=recipe.nrt)
+    # NOTES: held SIGINT: a half-built wrapper library would stay attached to the function's library
+    with global_compiler_lock, HeldSigint():
+        wrappers = getattr(library, "_dg_wrapper_library", None)
+        if wrappers is not None:
+            return wrappers
+        wrappers = library.codegen.create_library(f"{library.name}.wrappers")
+        if recipe.cpython:
+            if recipe.gendesc is not None:
+                # boxing the generator a Python call returns reads its descriptor from the context (registered
+                # when a generator is lowered; not after numba's disk cache loaded it)
+                if fndesc.restype not in context._generators:
+                    context.insert_generator(fndesc.restype, recipe.gendesc, (library,))
+                context.create_cpython_wrapper(wrappers, recipe.gendesc, env, None, release_gil=recipe.release_gil)
+            context.create_cpython_wrapper(wrappers, fndesc, env, None, release_gil=recipe.release_gil)
+        if recipe.cfunc:
+            context.create_cfunc_wrapper(wrappers, fndesc, env, None)
+        wrappers.add_linking_library(library)
+        wrappers.finalize()
+        library._dg_wrapper_library = wrappers
+        stats["wrappers"] += 1
+        _set_pending_envs(library.codegen)
+    return wrappers
+
+
 def _get_executable(self, library, fndesc, env):
+    recipe = getattr(library, "_dg_wrappers", None)
+    if recipe is not None:
+        recipe.context, recipe.fndesc, recipe.env = self, fndesc, env
     if getattr(library, "_dg_lazy", False) or (not library._finalized and _deferrable(fndesc)):
         library._dg_lazy = True
         _pending_envs[self.get_env_name(fndesc)] = env
@@ -144,6 +253,9 @@ def _finalize_final_module(self):
 
 def _get_pointer_to_function(self, name):
     self._ensure_finalized()
+    recipe = getattr(self, "_dg_wrappers", None)
+    if recipe is not None and name in recipe.names():
+        return _wrapper_library(self).get_pointer_to_function(name)
     materialize(self)
     return _originals["get_pointer_to_function"](self, name)
 
@@ -161,22 +273,40 @@ def _add_overload(self, cres):
 def _serialize_using_object_code(self):
     self._ensure_finalized()
     if getattr(self, "_dg_deferred", False):
-        return (self.name, "bitcode", self._final_module.as_bitcode())
-    return _originals["serialize_using_object_code"](self)
+        state = (self.name, "bitcode", self._final_module.as_bitcode())
+    else:
+        state = _originals["serialize_using_object_code"](self)
+    recipe = getattr(self, "_dg_wrappers", None)
+    # NOTES: a fourth item, the wrappers' recipe, which numba's own _unserialize would refuse: such entries are
+    # filed under their own index key (numba_cache.py, cache_tag), so a process without this never reads them.
+    return state if recipe is None else (*state, recipe.state())
 
 
 def _unserialize(cls, codegen, state):
+    recipe = None
+    if len(state) == 4:
+        *state, recipe = state
+        state = tuple(state)
     name, kind, data = state
     if kind != "bitcode":
-        return _originals["unserialize"](cls, codegen, state)
-    import llvmlite.binding as ll
+        library = _originals["unserialize"](cls, codegen, state)
+    else:
+        import llvmlite.binding as ll
 
-    module = ll.parse_bitcode(data)
-    library = codegen.create_library(name)
-    library._dg_lazy = _is_own_module(module)
-    library._final_module = module
-    library._finalize_final_module()
+        module = ll.parse_bitcode(data)
+        library = codegen.create_library(name)
+        library._dg_lazy = _is_own_module(module)
+        library._final_module = module
+        library._finalize_final_module()
+    if recipe is not None:
+        library._dg_wrappers = WrapperRecipe(*recipe)
     return library
+
+
+def cache_tag() -> str:
+    """Part of numba's index key for deep_gemm's functions: what the cached libraries hold depends on it (deferred
+    wrappers and bitcode when installed)."""
+    return "lazy-wrappers-1" if _installed else ""
 
 
 def _set_env(self, env_name, env):
@@ -194,7 +324,7 @@ def install() -> bool:
             return True
         if not envs.DG_JIT_LAZY_CODEGEN.get() or not numba_internals_known():
             return False
-        from numba.core import codegen, cpu, dispatcher
+        from numba.core import codegen, cpu, dispatcher, lowering
 
         targets = {
             "get_executable": (cpu.CPUContext, "get_executable", _get_executable),
@@ -205,6 +335,8 @@ def install() -> bool:
                                             _serialize_using_object_code),
             "unserialize": (codegen.CPUCodeLibrary, "_unserialize", classmethod(_unserialize)),
             "set_env": (codegen.JITCPUCodegen, "set_env", _set_env),
+            "create_cpython_wrapper": (lowering.BaseLower, "create_cpython_wrapper", _create_cpython_wrapper),
+            "create_cfunc_wrapper": (lowering.BaseLower, "create_cfunc_wrapper", _create_cfunc_wrapper),
         }
         for key, (cls, attr, _) in targets.items():
             original = cls.__dict__.get(attr)

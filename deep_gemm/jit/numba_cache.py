@@ -335,6 +335,13 @@ def _numba_classes():
         def cache_path(self):
             return self._impl.locator.get_cache_path()
 
+        def _index_key(self, sig, codegen):
+            # NOTES: with deferred machine code (lazy_codegen.py) a cached library is bitcode without numba's
+            # wrappers: a process without it (DG_JIT_LAZY_CODEGEN=0) must not load those, nor they its.
+            from .lazy_codegen import cache_tag
+
+            return (*super()._index_key(sig, codegen), cache_tag())
+
         def flush(self):
             with contextlib.suppress(Exception):
                 if self._cache_file is not None:

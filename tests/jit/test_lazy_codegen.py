@@ -24,6 +24,13 @@ sign = np.where((np.arange(n) // tile) % 2 == 1, -1.0, 1.0).astype(np.float32)
 ok = bool(np.array_equal(y, (2 * np.arange(n, dtype=np.float32) + 1) * sign))
 (cres,) = fill.overloads.values()
 callee_deferred = bool(getattr(cres.library, "_dg_deferred", False))
+wrapper_names = [cres.fndesc.llvm_cpython_wrapper_name, cres.fndesc.llvm_cfunc_wrapper_name]
+def defined(library, name):
+    try:
+        return not library._final_module.get_function(name).is_declaration
+    except NameError:
+        return False
+callee_wrappers = [defined(cres.library, name) for name in wrapper_names]
 entry_libs = [c.library for fn in k.phase_fns for c in fn.dispatcher.overloads.values()]
 dst = np.zeros(3, np.float32)
 fill(dst, np.float32(1.5))  # the types the kernel compiled fill for
@@ -32,6 +39,9 @@ print(json.dumps({{
     "callee_deferred": callee_deferred, "callee_cache_hits": sum(fill.stats.cache_hits.values()),
     "entries_deferred": [bool(getattr(lib, "_dg_deferred", False)) for lib in entry_libs],
     "after_call_deferred": bool(getattr(cres.library, "_dg_deferred", False)),
+    "callee_wrappers": callee_wrappers,
+    "wrapper_library": [defined(cres.library._dg_wrapper_library, name) for name in wrapper_names]
+    if hasattr(cres.library, "_dg_wrapper_library") else None,
     "call": dst.tolist(), "stats": dict(lazy_codegen.stats),
 }}))
 """
@@ -42,20 +52,26 @@ def test_callees_get_machine_code_only_when_called_from_python(tmp_path):
     assert first["lazy"] is True and first["ok"]
     assert first["callee_deferred"] and first["callee_cache_hits"] == 0
     assert first["entries_deferred"] == [False]  # the launcher runs it: generated at once
-    assert first["after_call_deferred"] is False and first["stats"]["materialized"] >= 1
+    # numba's two wrappers (Python call, C function pointer) are not in the callee's library: the Python call built
+    # both in a library of its own (linking the callee's IR); the callee's library itself stays without machine code
+    assert first["callee_wrappers"] == [False, False]
+    assert first["wrapper_library"] == [True, True] and first["after_call_deferred"] is True
+    assert first["stats"]["wrappers"] >= 1
     assert first["call"] == [1.5] * 3
 
     # A new specialization in a new process: fill comes from numba's disk cache (stored as bitcode), deferred
     second = run_child(CHILD, tmp_path, extra_env={"TEST_TILE": "8"})
     assert second["ok"]
     assert second["callee_cache_hits"] == 1 and second["callee_deferred"]
+    assert second["callee_wrappers"] == [False, False] and second["wrapper_library"] == [True, True]
     assert second["call"] == [1.5] * 3
 
 
 def test_off_switch_keeps_numba_eager(tmp_path):
     out = run_child(CHILD, tmp_path, extra_env={"TEST_TILE": "16", "DG_JIT_LAZY_CODEGEN": "0"})
     assert out["lazy"] is False and out["ok"]
-    assert not out["callee_deferred"] and out["stats"] == {"deferred": 0, "materialized": 0}
+    assert not out["callee_deferred"] and out["stats"] == {"deferred": 0, "materialized": 0, "wrappers": 0}
+    assert out["callee_wrappers"] == [True, True] and out["wrapper_library"] is None
     assert out["call"] == [1.5] * 3
 
 
@@ -84,4 +100,45 @@ def test_a_deferred_function_raises_on_its_first_python_call(tmp_path):
     """, tmp_path)
     assert len(out["errors"]) == 3 and out["errors"][0] == out["errors"][1], out
     assert "GM" in out["errors"][2] and out["untouched"], out
-    assert out["stats"]["materialized"] >= 2
+    assert out["stats"]["wrappers"] >= 2
+
+
+def test_a_deferred_generator_called_from_python_gets_its_wrappers(tmp_path):
+    # A generator of a deep_gemm module (a kernel's sub-core generators are the real ones): its wrappers, the
+    # generator's and its next()'s, are built on the first Python call, like a plain function's
+    out = run_child("""
+        import json
+        from numba import njit
+        from deep_gemm.jit import lazy_codegen
+        from deep_gemm.jit.numba_setup import apply_numba_settings
+        apply_numba_settings()
+
+        def evens(n):
+            for i in range(n):
+                yield 2 * i
+
+        evens.__module__ = "deep_gemm.jit._test_generator"
+        evens = njit(nogil=True)(evens)
+        first = list(evens(4))
+        (cres,) = evens.overloads.values()
+        print(json.dumps({"first": first, "again": list(evens(2)), "stats": dict(lazy_codegen.stats),
+                          "deferred": bool(getattr(cres.library, "_dg_deferred", False))}))
+    """, tmp_path)
+    assert out["first"] == [0, 2, 4, 6] and out["again"] == [0, 2], out
+    assert out["deferred"] and out["stats"]["wrappers"] == 1, out
+
+
+def test_a_deferred_function_loaded_from_numbas_cache_returns_arrays_to_python(tmp_path):
+    # The wrappers of a function numba's disk cache loaded are built with the function's own NRT setting: a returned
+    # array is boxed as the new array it is (once built with numba's base context, NRT off: a crash on first use)
+    child = """
+        import json
+        import numpy as np
+        from deep_gemm.device.crosscore import new_cross_state
+        flags, lines, info, ub = new_cross_state(64)
+        print(json.dumps({"shapes": [list(a.shape) for a in (flags, lines, info, ub)], "ub_zero": not ub.any(),
+                          "hits": sum(new_cross_state.stats.cache_hits.values())}))
+    """
+    first, second = run_child(child, tmp_path), run_child(child, tmp_path)
+    assert first["hits"] == 0 and second["hits"] == 1, (first, second)
+    assert first["shapes"] == second["shapes"] and second["shapes"][3] == [2, 64] and second["ub_zero"]
