@@ -5,7 +5,6 @@ cover."""
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import threading
