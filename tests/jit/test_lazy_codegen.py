@@ -25,11 +25,14 @@ ok = bool(np.array_equal(y, (2 * np.arange(n, dtype=np.float32) + 1) * sign))
 (cres,) = fill.overloads.values()
 callee_deferred = bool(getattr(cres.library, "_dg_deferred", False))
 wrapper_names = [cres.fndesc.llvm_cpython_wrapper_name, cres.fndesc.llvm_cfunc_wrapper_name]
-def defined(library, name):
-    try:
-        return not library._final_module.get_function(name).is_declaration
-    except NameError:
-        return False
+def defined(library, name):  # in the library's IR (a library numba loaded as object code keeps it in _shared_module)
+    for module in (library._final_module, getattr(library, "_shared_module", None)):
+        try:
+            if module is not None and not module.get_function(name).is_declaration:
+                return True
+        except NameError:
+            pass
+    return False
 callee_wrappers = [defined(cres.library, name) for name in wrapper_names]
 entry_libs = [c.library for fn in k.phase_fns for c in fn.dispatcher.overloads.values()]
 dst = np.zeros(3, np.float32)
@@ -142,3 +145,21 @@ def test_a_deferred_function_loaded_from_numbas_cache_returns_arrays_to_python(t
     first, second = run_child(child, tmp_path), run_child(child, tmp_path)
     assert first["hits"] == 0 and second["hits"] == 1, (first, second)
     assert first["shapes"] == second["shapes"] and second["shapes"][3] == [2, 64] and second["ub_zero"]
+
+
+def test_processes_with_and_without_deferred_code_share_a_cache_root(tmp_path):
+    # What numba caches differs (bitcode without wrappers vs object code with them): each kind is filed under its
+    # own index key, so a process with DG_JIT_LAZY_CODEGEN=0 never loads a wrapperless library (its Python call of
+    # the callee would have no wrapper to run) and the two kinds coexist in one root
+    # (no native libraries, and the second process of each kind a new specialization: every process compiles the
+    # kernel's entry through numba, and so compiles the callee or loads it from numba's cache)
+    def env(tile, lazy):
+        return {"TEST_TILE": str(tile), "DG_JIT_NATIVE": "0", "DG_JIT_LAZY_CODEGEN": "1" if lazy else "0"}
+
+    lazy, eager, again, lazy_again = (run_child(CHILD, tmp_path, extra_env=env(tile, on))
+                                      for tile, on in ((16, True), (16, False), (8, False), (8, True)))
+    assert lazy["ok"] and eager["ok"] and again["ok"] and lazy_again["ok"]
+    assert [out["callee_cache_hits"] for out in (lazy, eager, again, lazy_again)] == [0, 0, 1, 1]
+    assert eager["callee_wrappers"] == again["callee_wrappers"] == [True, True]
+    assert lazy_again["callee_wrappers"] == [False, False] and lazy_again["callee_deferred"]
+    assert all(out["call"] == [1.5] * 3 for out in (lazy, eager, again, lazy_again))
