@@ -125,8 +125,8 @@ DG_JIT_KERNEL_OPT = _declare(
 )
 DG_JIT_LAZY_CODEGEN = _declare(
     "DG_JIT_LAZY_CODEGEN", bool, True,
-    "Generate machine code only for kernel entries and functions called from Python (jit/lazy_codegen.py); 0 keeps "
-    "numba's eager code generation",
+    "Generate machine code and numba's call wrappers only for kernel entries and functions called from Python "
+    "(jit/lazy_codegen.py); 0 keeps numba's eager code generation",
 )
 DG_JIT_NATIVE = _declare(
     "DG_JIT_NATIVE", bool, True,
