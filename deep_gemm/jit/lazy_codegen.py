@@ -30,7 +30,8 @@ DG_JIT_LAZY_CODEGEN=0 or DG_JIT_FAST_MATH_SETUP=0 leaves numba alone):
   the C wrapper of a first-class function pointer): numba lowers both into the function's library, so every caller
   linked, optimized and generated code for the wrappers of all its callees. They are built on first need, in a small
   library of their own that links the function's (``_wrapper_library``); what they need (numba's function and
-  generator descriptors, whether the call releases the GIL) is kept with the library and in numba's disk cache.
+  generator descriptors, whether the call releases the GIL, the NRT setting) is kept with the library and in numba's
+  disk cache, under an index key of its own (``cache_tag``).
 """
 
 from __future__ import annotations
@@ -227,7 +228,7 @@ def _wrapper_library(library):
 
 def _get_executable(self, library, fndesc, env):
     recipe = getattr(library, "_dg_wrappers", None)
-    if recipe is not None:
+    if recipe is not None:  # compiled or loaded without its wrappers: what building them takes
         recipe.context, recipe.fndesc, recipe.env = self, fndesc, env
     if getattr(library, "_dg_lazy", False) or (not library._finalized and _deferrable(fndesc)):
         library._dg_lazy = True
