@@ -161,18 +161,20 @@ class WrapperRecipe:
         return (self.cpython, self.cfunc, self.release_gil, gendesc, self.nrt)
 
 
-def _recipe(library) -> WrapperRecipe:
-    recipe = getattr(library, "_dg_wrappers", None)
+def _recipe(lower) -> WrapperRecipe:
+    """The recipe of the library ``lower`` (numba's lowering of a deferred function) fills, created at its first
+    wrapper with the NRT setting of the context the function compiles in."""
+    recipe = getattr(lower.library, "_dg_wrappers", None)
     if recipe is None:
-        recipe = library._dg_wrappers = WrapperRecipe()
+        recipe = lower.library._dg_wrappers = WrapperRecipe(nrt=bool(lower.context.enable_nrt))
     return recipe
 
 
 def _create_cpython_wrapper(self, release_gil=False):
     if not _deferrable(self.fndesc):
         return _originals["create_cpython_wrapper"](self, release_gil)
-    recipe = _recipe(self.library)
-    recipe.cpython, recipe.release_gil, recipe.nrt = True, bool(release_gil), bool(self.context.enable_nrt)
+    recipe = _recipe(self)
+    recipe.cpython, recipe.release_gil = True, bool(release_gil)
     recipe.gendesc = self.genlower.gendesc if self.genlower else None
     return None
 
@@ -180,8 +182,7 @@ def _create_cpython_wrapper(self, release_gil=False):
 def _create_cfunc_wrapper(self):
     if not _deferrable(self.fndesc) or self.genlower:
         return _originals["create_cfunc_wrapper"](self)
-    recipe = _recipe(self.library)
-    recipe.cfunc, recipe.nrt = True, bool(self.context.enable_nrt)
+    _recipe(self).cfunc = True
     return None
 
 
