@@ -19,7 +19,14 @@ from .capacity import (  # noqa: E402
     keeps_a_resident,
     num_mad_tiles,
 )
-from .cast import Cast, CastFromUE8M0, CastReduceSumSquares, CastToUE8M0  # noqa: E402
+from .cast import (  # noqa: E402
+    Cast,
+    CastAxpyRows,
+    CastFromUE8M0,
+    CastMulReluAxpyRows,
+    CastReduceSumSquares,
+    CastToUE8M0,
+)
 from .copy import (  # noqa: E402
     FP4_E2M1_VALUES,
     FP8_E4M3_VALUES,
@@ -81,7 +88,8 @@ __all__ = [
     "DataCopy", "DataCopyPad", "DataCopyBursts",
     # AIV: Vector unit (device/vector.py, device/cast.py)
     "Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Axpy", "Maxs", "Mins", "Abs", "Exp", "Relu", "Duplicate",
-    "Compare", "Select", "ReduceMax", "ReduceSum", "Cast", "CastReduceSumSquares", "CastToUE8M0", "CastFromUE8M0",
+    "Compare", "Select", "ReduceMax", "ReduceSum", "Cast", "CastReduceSumSquares", "CastAxpyRows",
+    "CastMulReluAxpyRows", "CastToUE8M0", "CastFromUE8M0",
     # AIV: top-k selection (device/select.py)
     "OrderKeys", "CountNaN", "TopkFilter", "RadixSelect", "TopkCompact", "TopkSortDesc",
     # Pipe synchronisation

@@ -212,6 +212,105 @@ def CastReduceSumSquares(dst, src, sums, chunk):  # noqa: N802
             sums[i] = sums[i] + acc
 
 
+def _head_sum_operands(dst, src, scale, weights):
+    """Nothing for the head sum's operand dtypes (dst, scale, weights fp32; src bf16 as uint16 bits); any other
+    fails to compile with a TypingError naming them (numba-only)."""
+    raise NotImplementedError("numba-only helper")
+
+
+@overload(_head_sum_operands)
+def _head_sum_operands_impl(dst, src, scale, weights):
+    if (dst.dtype, src.dtype, scale.dtype, weights.dtype) == (types.float32, types.uint16, types.float32,
+                                                               types.float32):
+        return lambda dst, src, scale, weights: None
+    raise TypingError(f"CastAxpyRows / CastMulReluAxpyRows: dst {dst.dtype}, src {src.dtype}, scale "
+                      f"{scale.dtype}, weights {weights.dtype}: need fp32, bf16 (uint16 bits), fp32, fp32")
+
+
+@njit(cache=True, inline="always")
+def _head_value(q, psc, j, scaled):
+    """One score of the head sum as fp32: the bf16 bits widened (exact), and with ``scaled`` times the key's scale
+    (rounded) and ReLU'd (Relu's rule: below zero gives +0.0, NaN and -0.0 pass)."""
+    v = decode_bf16(q[j])
+    if scaled:
+        v = v * psc[j]
+        v = np.float32(0.0) if v < np.float32(0.0) else v
+    return v
+
+
+@njit(cache=True, inline="always")
+def _axpy_rows(dst, src, scale, weights, count, scaled):
+    d = as_rows(dst)
+    s = as_rows(src)
+    sc = as_rows(scale)
+    w = as_rows(weights)
+    _head_sum_operands(d, s, sc, w)
+    rows, cols = s.shape
+    if d.shape[0] != 1 or d.shape[1] != cols or sc.shape[0] != 1 or sc.shape[1] != cols:
+        raise ValueError("head sum: dst and scale must be one row as wide as src", d.shape[0], d.shape[1],
+                         sc.shape[0], sc.shape[1], cols)
+    if rows < 1 or w.shape[0] != 1 or w.shape[1] < rows:
+        raise ValueError("head sum: src needs a row at least and weights one element per src row", rows,
+                         w.shape[0], w.shape[1])
+    if count < 0 or count > cols:
+        raise ValueError("head sum: count exceeds the row", count, cols)
+    if _unit_cols(d) and _unit_cols(s) and _unit_cols(sc):
+        # NOTES: four heads per pass over the row, the partial sum held in a register between them: the row is
+        # read and written once per four heads (one per head in an Axpy chain) and each score once, never widened
+        # into a tile. The additions stay in head order, so the bits are the chain's.
+        pd, ps, psc = _data_ptr(d), _data_ptr(s), _data_ptr(sc)
+        sr = _row_step(s)
+        w0 = w[0, 0]
+        for j in range(count):
+            pd[j] = _head_value(ps, psc, j, scaled) * w0
+        h = 1
+        while h + 4 <= rows:
+            q0, q1 = _ptr_add(ps, h * sr), _ptr_add(ps, (h + 1) * sr)
+            q2, q3 = _ptr_add(ps, (h + 2) * sr), _ptr_add(ps, (h + 3) * sr)
+            w1, w2, w3, w4 = w[0, h], w[0, h + 1], w[0, h + 2], w[0, h + 3]
+            for j in range(count):
+                acc = pd[j] + _head_value(q0, psc, j, scaled) * w1
+                acc = acc + _head_value(q1, psc, j, scaled) * w2
+                acc = acc + _head_value(q2, psc, j, scaled) * w3
+                pd[j] = acc + _head_value(q3, psc, j, scaled) * w4
+            h += 4
+        while h < rows:
+            q, wh = _ptr_add(ps, h * sr), w[0, h]
+            for j in range(count):
+                pd[j] = pd[j] + _head_value(q, psc, j, scaled) * wh
+            h += 1
+        return
+    for j in range(count):
+        acc = np.float32(0.0)
+        for h in range(rows):
+            v = decode_bf16(s[h, j])
+            if scaled:
+                v = v * sc[0, j]
+                v = np.float32(0.0) if v < np.float32(0.0) else v
+            acc = v * w[0, 0] if h == 0 else acc + v * w[0, h]
+        d[0, j] = acc
+
+
+@njit(cache=True)
+def CastAxpyRows(dst, src, weights, count):  # noqa: N802
+    """CastAxpyRows(dst, src, weights, count): the MQA AIVs' head-reduction VF: the weighted sum of the bf16 rows
+    of ``src`` (uint16 bits, [H, n]) into the fp32 row ``dst`` ([1, n] or n) on its first ``count`` columns, in head
+    order: dst = fp32(src[0]) * w[0], then dst = dst + fp32(src[h]) * w[h] for h = 1 .. H - 1 (``weights``: fp32,
+    one row of >= H). The bits of Cast, Muls and one mixed-precision Axpy per head; in one pass, the partial sums in
+    registers (the chip multiply-accumulates a register of scores per head inside one VF; Ascend C's Axpy API would
+    issue H instructions)."""
+    _axpy_rows(dst, src, dst, weights, count, False)
+
+
+@njit(cache=True)
+def CastMulReluAxpyRows(dst, src, scale, weights, count):  # noqa: N802
+    """CastMulReluAxpyRows(dst, src, scale, weights, count): CastAxpyRows with a per-column fp32 scale and a ReLU
+    applied to each widened score before it is weighted: v = relu(fp32(src[h]) * scale) (``scale``: one fp32 row
+    as wide as src), dst = v_0 * w[0], then dst = dst + v_h * w[h] in head order. The bits of Cast, Mul, Relu,
+    Muls and one Axpy per head (CUDA DeepGEMM's fp32 per-key scale form of the MQA logits), in one pass."""
+    _axpy_rows(dst, src, scale, weights, count, True)
+
+
 @njit(cache=True)
 def CastToUE8M0(dst, src, round_mode, count):  # noqa: N802
     """Cast(dst, src, ...) to fp8_e8m0_t: the UE8M0 exponent byte (uint8 ``dst``) of each fp32 ``src`` element, see

@@ -44,10 +44,11 @@ PAGE_SIZES = (32, 64, 128)
 # Where the stand-in still differs from DeepGEMM-Ascend's kernel (mqa_logits.hpp), and why: its MAD is up to 128
 # rows x 128 / 256 keys where the chip's is 64 / H * H rows x 512 keys, 8 such MADs per query block sharing one key
 # load (the paged metadata's 256-key units and the ragged kernel's L0B key residency are what the existing tests
-# and get_paged_mqa_logits_metadata pin); its AIV sums the heads in fp32 (an Axpy per head, each bf16 score widened
-# in the lane) where the chip multiply-accumulates bf16 scores into bf16 sums (asc_mula), which would round each
-# partial sum to bf16 and break the stand-in's bf16 = RNE(fp32 logits) contract; and it keeps CUDA DeepGEMM's fp32
-# per-key scale form (the AIV scales and ReLUs then), which the chip's API does not take. The model charges the
+# and get_paged_mqa_logits_metadata pin); its AIV sums the heads in fp32 (one VF per query row, a multiply-
+# accumulate per head, each bf16 score widened in the lane) where the chip multiply-accumulates bf16 scores into
+# bf16 sums (asc_mula), which would round each partial sum to bf16 and break the stand-in's bf16 = RNE(fp32 logits)
+# contract; and it keeps CUDA DeepGEMM's fp32 per-key scale form (the same VF scales and ReLUs each score), which
+# the chip's API does not take. The model charges the
 # chip's rates for the work the stand-in issues: the head reduction at the chip's bf16 lanes, FixPipe at 64 bf16
 # elements per cycle.
 # The paged gather (PAGES_PER_COPY) is the chip's in the model and in the stand-in's kernel: two pages of values per
@@ -55,9 +56,6 @@ PAGE_SIZES = (32, 64, 128)
 # counters (test_mqa_work_model.py). The stand-in's AIC reads the owner's UB scale stage in place of the chip's
 # UB -> L1 copy (counted where the chip issues it, not run).
 MAX_MAD_ROWS = 128
-# Rows of the AIVs' key-scale tile (lib/mqa.asc.j2 SC_ROWS: the per-key fp32 scales repeated per row, so one Mul
-# scales SC_ROWS rows of the tile; a Mul per row cost more in call overhead than in arithmetic on the CPU).
-MQA_SCALE_ROWS = 32
 # L0B stages of the MQA kernels' AIC (lib/mqa.asc.j2 NUM_L0_STAGES): the ragged kernel skips a tile's key copies
 # when the stage it uses still holds that key block.
 MQA_L0B_STAGES = 2
@@ -78,8 +76,8 @@ VECTOR_ISSUE_CYCLES = 8
 class TileWork:
     """What one tile of m_rows MAD rows (q_rows query rows x H heads) x kv_rows keys makes each unit do, as the
     kernels issue it (lib/mqa.asc.j2): the MAD, FixPipe's bf16 bytes into the owning AIV's UB, the head reduction
-    (q_rows * H multiply-accumulate rows of kv_rows lanes) and, in CUDA's fp32 per-key scale form, the AIV's
-    scale Mul (per SC_ROWS score rows) and ReLU per query row."""
+    (q_rows * H multiply-accumulate rows of kv_rows lanes, one VF per query row) and, in CUDA's fp32 per-key
+    scale form, the fp32 lanes of the scale's Mul and the ReLU inside that VF."""
 
     m_rows: int
     kv_rows: int
@@ -87,7 +85,6 @@ class TileWork:
     fixpipe_bytes: int
     reduce_instructions: int
     reduce_lanes: int
-    scale_instructions: int
     scale_lanes: int
 
 
@@ -95,10 +92,8 @@ def mqa_tile_work(desc: MqaDesc, q_rows: int, kv_rows: int, token_scale: bool) -
     """The per-tile work of q_rows query rows x kv_rows keys (see TileWork)."""
     h = desc.num_heads
     m = q_rows * h
-    scale_instr = q_rows * (-(-h // MQA_SCALE_ROWS) + 1) if token_scale else 0
     return TileWork(m_rows=m, kv_rows=kv_rows, q_rows=q_rows, fixpipe_bytes=m * kv_rows * 2,
-                    reduce_instructions=m, reduce_lanes=m * kv_rows, scale_instructions=scale_instr,
-                    scale_lanes=2 * m * kv_rows if token_scale else 0)
+                    reduce_instructions=m, reduce_lanes=m * kv_rows, scale_lanes=2 * m * kv_rows if token_scale else 0)
 
 
 @dataclass(frozen=True)
@@ -155,12 +150,12 @@ def paged_token_bytes(dtype: str, head_dim: int, ascend_kv_layout: bool) -> int:
 
 def mqa_ub_bytes(c: MqaConfig) -> int:
     """One AIV's UB in the kernels (lib/mqa.asc.j2, sized for MAX_MAD_ROWS rows): its hand-off slots (bf16 tiles,
-    num_ub_stages / 2 per AIV), one query row's heads widened to fp32 (the per-key scale form), the key-scale tile,
-    the weights, the fp32 sums and bf16 logits of MAX_MAD_ROWS / 4 query rows, the -inf rows."""
+    num_ub_stages / 2 per AIV), the key-scale row (also the paged kernel's MX scale stage), the weights, the fp32
+    sums and bf16 logits of MAX_MAD_ROWS / 4 query rows, the -inf rows."""
     n, rows = c.block_kv, MAX_MAD_ROWS
     def a32(b: int) -> int:
         return -(-b // 32) * 32
-    return (c.num_ub_stages // 2) * rows * n * 2 + MQA_MAX_HEADS * n * 4 + MQA_SCALE_ROWS * n * 4 + rows * 4 \
+    return (c.num_ub_stages // 2) * rows * n * 2 + n * 4 + rows * 4 \
         + rows // 4 * n * 4 + a32(rows // 4 * n * 2) + a32(n * 2) + n * 4
 
 
@@ -226,10 +221,11 @@ def _tile_pipes(desc: MqaDesc, c: MqaConfig, arch: ArchSpec, m_rows: int, kv_row
     cube = (MAD_START_CYCLES + max(sweep, MAD_ISSUE_CYCLES[cube_dtype])) / clock
     # FixPipe: bf16 out (F322BF16) at 64 elements per cycle (950 spec); the ReLU rides along
     fixpipe = work.fixpipe_bytes / 2 / MEMORY_FIGURES.fixpipe_elems_per_cycle / clock
-    # the owning AIV: the head reduction (bf16 lanes per register, one call per query row), and CUDA's per-key scale
-    # form's fp32 Mul + ReLU; the two AIVs take alternate tiles, so a core spends half of it per tile
+    # the owning AIV: the head reduction (bf16 lanes per register, one VF call per query row), and CUDA's per-key
+    # scale form's fp32 Mul + ReLU in the same VF; the two AIVs take alternate tiles, so a core spends half of it per
+    # tile
     owner = work.reduce_lanes / VECTOR_BF16_PER_CYCLE + work.q_rows * VECTOR_ISSUE_CYCLES \
-        + work.scale_lanes / VECTOR_FP32_PER_CYCLE + work.scale_instructions * VECTOR_ISSUE_CYCLES
+        + work.scale_lanes / VECTOR_FP32_PER_CYCLE
     vector = owner / AIVS_PER_CORE / clock
     fig = MEMORY_FIGURES
     mte2 = copies * fig.copy_issue_s + copy_bytes / fig.mte2_bytes_per_s(arch) + fig.gm_latency_s / c.num_l1_stages

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import envs
 from ..arch import ArchSpec
-from ..heuristics.mqa import MQA_SCALE_ROWS, MqaConfig, MqaDesc, config_violations, get_best_mqa_config
+from ..heuristics.mqa import MqaConfig, MqaDesc, config_violations, get_best_mqa_config
 from .common import cube_l0_bf16, current_target, gm_view
 from .family import KernelFamily, PreparedKernel
 
@@ -74,7 +74,7 @@ def _template_constants(desc: MqaDesc, config: MqaConfig, arch: ArchSpec,
         raise ValueError(f"MQA-logits config {config} does not fit arch {arch.name}: {'; '.join(problems)}")
     constants = config.template_constants()
     constants.update(Q_DTYPE=desc.q_dtype, KV_DTYPE=desc.kv_dtype, NUM_AI_CORES=desc.num_ai_cores,
-                     UB_BYTES=arch.ub_bytes, SC_ROWS=MQA_SCALE_ROWS, CUBE_L0_BF16=cube_l0_bf16)
+                     UB_BYTES=arch.ub_bytes, CUBE_L0_BF16=cube_l0_bf16)
     return constants
 
 

@@ -268,6 +268,65 @@ def test_widening_and_row_sums_of_squares_are_cast_mul_reduce_sum_add(rng, rows,
         device.CastReduceSumSquares(np.zeros((rows, cols), F32), np.zeros((rows, cols), F32), np.zeros(rows, F32), 8)
 
 
+@pytest.mark.parametrize("heads, cols, count", [(1, 5, 5), (4, 16, 16), (5, 37, 30), (8, 256, 256), (13, 100, 64),
+                                                (64, 256, 250)])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_head_sums_are_the_cast_mul_relu_axpy_chain(rng, heads, cols, count, scaled):
+    # CastAxpyRows / CastMulReluAxpyRows (the MQA AIVs' head-reduction VF) give the bits of the instruction chain the
+    # kernels issued before: Cast to fp32, (Mul by the key scales, Relu,) Muls by head 0's weight, one Axpy per head;
+    # on pointer rows (four heads a pass and the rest), strided views and the element path; NaN, +-Inf, -0.0, a
+    # product that overflows and a head that cancels
+    values = _data(rng, (heads, cols + 7))
+    values[0, :3] = (-0.0, np.nan, np.inf)
+    values[-1, 3:5] = (-np.inf, 3e38)
+    src = values.astype(ml_dtypes.bfloat16).view(np.uint16)
+    scale = np.abs(_data(rng, (1, cols))) + F32(0.25)
+    scale[0, 5 % cols] = -1.5  # a negative scale: the ReLU drops the positive scores
+    weights = _data(rng, (1, heads + 3))
+    weights[0, heads // 2] = -weights[0, 0]
+    for s in (src[:, :cols], np.ascontiguousarray(src[:, :cols]), np.asfortranarray(src[:, :cols])):
+        got = np.full((1, cols), 7.0, F32)
+        want = got.copy()
+        wide = np.empty((heads, cols), F32)
+        device.Cast(wide, s, RM.CAST_NONE, heads * cols)
+        with np.errstate(invalid="ignore", over="ignore"):
+            if scaled:
+                device.CastMulReluAxpyRows(got, s, scale, weights, count)
+                device.Mul(wide, wide, np.repeat(scale, heads, axis=0), heads * cols)
+                device.Relu(wide, wide, heads * cols)
+            else:
+                device.CastAxpyRows(got, s, weights, count)
+            device.Muls(want, wide[0:1], weights[0, 0], count)
+            for h in range(1, heads):
+                device.Axpy(want, wide[h:h + 1], weights[0, h], count)
+        _assert_same_f32(got, want)
+        assert (got[0, count:] == 7.0).all()
+    # a 1-D dst row and a strided one
+    flat = np.zeros(cols, F32)
+    strided = np.zeros((1, 2 * cols), F32)[:, ::2]
+    with np.errstate(invalid="ignore", over="ignore"):
+        if scaled:
+            device.CastMulReluAxpyRows(flat, src[:, :cols], scale, weights, count)
+            device.CastMulReluAxpyRows(strided, src[:, :cols], scale, weights, count)
+        else:
+            device.CastAxpyRows(flat, src[:, :cols], weights, count)
+            device.CastAxpyRows(strided, src[:, :cols], weights, count)
+    _assert_same_f32(flat[:count], got[0, :count])
+    _assert_same_f32(strided[0, :count], got[0, :count])
+
+
+def test_head_sums_refuse_bad_operands():
+    src = np.zeros((4, 8), np.uint16)
+    with pytest.raises(ValueError, match="one element per src row"):
+        device.CastAxpyRows(np.zeros(8, F32), src, np.zeros(3, F32), 8)
+    with pytest.raises(ValueError, match="as wide as src"):
+        device.CastMulReluAxpyRows(np.zeros(8, F32), src, np.zeros(7, F32), np.zeros(4, F32), 8)
+    with pytest.raises(ValueError, match="count exceeds"):
+        device.CastAxpyRows(np.zeros(8, F32), src, np.zeros(4, F32), 9)
+    with pytest.raises(TypingError, match="need fp32, bf16"):
+        device.CastAxpyRows(np.zeros(8, F32), src.astype(F32), np.zeros(4, F32), 8)
+
+
 def _assert_same_f32(got, want, err_msg=""):
     """Bit-equal fp32, except that a NaN only has to be a NaN (which operand's sign and payload an IEEE operation
     passes on is the compiler's choice: LLVM may commute an addition)."""
@@ -481,7 +540,7 @@ def test_fixpipe_to_ub(rng, ub_dtype):
 def test_every_vector_intrinsic_is_exported_and_documented():
     names = ["Add", "Sub", "Mul", "Div", "Max", "Min", "Adds", "Muls", "Axpy", "Maxs", "Abs", "Exp", "Relu",
              "Duplicate", "Compare", "Select", "Cast", "CastToUE8M0", "CastFromUE8M0", "ReduceMax", "ReduceSum",
-             "CastReduceSumSquares", "DataCopy", "DataCopyPad", "FixpipeToUB"]
+             "CastReduceSumSquares", "CastAxpyRows", "CastMulReluAxpyRows", "DataCopy", "DataCopyPad", "FixpipeToUB"]
     for name in names:
         assert name in device.__all__
         assert getattr(device, name).__doc__.startswith(name.split("To")[0][:4])
