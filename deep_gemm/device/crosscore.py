@@ -237,6 +237,20 @@ def _borrow_impl(arr):
     return None
 
 
+def keep_alive(arr):
+    """Nothing, as a call numba keeps: a mixed kernel's sub-core generator names the owner of each of its local
+    buffers here at the end of the buffer's C++ scope, so the owner (and its memory) lives at least as long as the
+    borrowed view (``borrow``) the kernel body addresses it through. In plain Python it does nothing either."""
+    return None
+
+
+@overload(keep_alive)
+def _keep_alive_impl(arr):
+    if isinstance(arr, types.Array):
+        return lambda arr: None
+    return None
+
+
 @intrinsic
 def _borrowed(typingctx, arr):
     if not isinstance(arr, types.Array):

@@ -66,6 +66,7 @@ class _Counting:
         names.update(copy_gm_to_l1_tf32=copy_gm_to_l1_tf32, load_l0a=load_l0a, load_l0b=load_l0b, mmad=mmad,
                      Fixpipe=fixpipe, DataCopyPad=data_copy_pad, ub_tensor=ub_tensor, SetFlag=noop, WaitFlag=noop,
                      cross_core_set=noop, cross_core_try_wait=lambda *args: True, cancel_requested=lambda c: False,
+                     borrow=lambda arr: arr, keep_alive=noop,
                      slot_view=lambda buf, s, rows: buf[s * rows:(s + 1) * rows],
                      tile_view=lambda buf, r0, rows, c0, cols: buf[r0:r0 + rows, c0:c0 + cols],
                      l0a_size=lambda rows, k: rows * k, l0b_size=lambda rows, k: rows * k,

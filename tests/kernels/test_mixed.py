@@ -222,3 +222,51 @@ def test_bookkeeping_calls_pass_constants_as_int64_values():
 
     assert caller() == 9
     assert [str(t) for sig in callee.signatures for t in sig] == ["int64"]  # one overload, not Literal[int](3), (4)
+
+
+def test_sub_core_buffers_are_borrowed_views_of_owners_kept_to_their_scope_end():
+    """A sub-core generator addresses each AllocTensor buffer through a borrowed view (no reference count: numba
+    counted every view of a counted buffer atomically, per MAD in an AIC's loops); the allocation itself is held by
+    an owner that is named once more as the last statement of the buffer's C++ scope (top level, an AIC block, a
+    loop body), so it outlives every use of the view."""
+    import ast
+
+    from deep_gemm.jit.translate import translate
+
+    source = ("constexpr int32_t NUM_AI_CORES = 2;\n"
+              'extern "C" __global__ __aicore__ void k(GlobalTensor<float> x) {\n'
+              "    LocalTensor<float> top = AllocTensor<float>(4);\n"
+              "    if ASCEND_IS_AIC {\n"
+              "        LocalTensor<float> aic = AllocTensor<float>(2, 8);\n"
+              "        for (int32_t i = 0; i < 3; ++i) {\n"
+              "            LocalTensor<float> tmp = AllocTensor<float>(8);\n"
+              "            tmp[0] = aic[i][0];\n"
+              "            top[0] = tmp[0];\n"
+              "        }\n"
+              "        x[0] = top[0];\n"
+              "    }\n"
+              "    if ASCEND_IS_AIV {\n"
+              "        x[1] = top[1];\n"
+              "    }\n"
+              "}\n")
+    tree = ast.parse(translate(source, template="case.asc").python)
+    generator = next(f for f in tree.body if isinstance(f, ast.FunctionDef) and "_subcore" in f.name)
+    found = {}
+    for node in ast.walk(generator):
+        for field in ("body", "orelse"):
+            stmts = getattr(node, field, None)
+            if not isinstance(stmts, list):
+                continue
+            code = [ast.unparse(s) for s in stmts]
+            for i, (stmt, line) in enumerate(zip(stmts, code, strict=True)):
+                if isinstance(stmt, ast.Assign) and line.split(" = ")[-1].startswith("borrow(_dg_own_"):
+                    name = line.split(" = ")[0]
+                    owner = f"_dg_own_{name}"
+                    assert code[i - 1].startswith(f"{owner} = np.empty(")
+                    keep = f"keep_alive({owner})"
+                    assert keep in code[i:], (name, code)
+                    # nothing but the scope's other keep_alive calls (and the generator's final yield) after it
+                    rest = code[code.index(keep) + 1:]
+                    assert all(r.startswith("keep_alive(") or r == "yield 0" for r in rest), (name, rest)
+                    found[name] = True
+    assert set(found) == {"top", "aic", "tmp"}

@@ -307,6 +307,7 @@ class MixedKernels:
         self.indent += 1
         before = len(self.lines)
         self.statements(stmts)
+        self.close_owners()  # the body's top-level allocations
         if not any(ind == self.indent and not t.startswith("#") for ind, t, _ in self.lines[before:]):
             self.emit("pass", node)
         self.indent -= 1

@@ -56,21 +56,35 @@ class Statements:
             if line or i == 0:
                 self.emit(f"# {line}".rstrip(), node)
 
-    def compound(self, node: Node) -> None:
+    def push_scope(self) -> None:
         self.func.scopes.append({})
-        self.statements(node.named_children)
+
+    def pop_scope(self) -> None:
+        """Close the innermost C++ scope (see close_owners)."""
+        self.close_owners()
         self.func.scopes.pop()
+
+    def close_owners(self) -> None:
+        """At the end of the innermost scope: the owners of the buffers it allocated (borrowed_allocation) are named
+        once more, so they live to here."""
+        for owner in self.func.owners.pop(len(self.func.scopes), []):
+            self.emit(f"keep_alive({owner})", None)
+
+    def compound(self, node: Node) -> None:
+        self.push_scope()
+        self.statements(node.named_children)
+        self.pop_scope()
 
     def body(self, node: Node) -> None:
         """A statement used as the body of if/for/while, in its own scope, one indent deeper."""
 
         def run():
-            self.func.scopes.append({})
+            self.push_scope()
             if node.type == "compound_statement":
                 self.statements(node.named_children)
             else:
                 self.statement(node)
-            self.func.scopes.pop()
+            self.pop_scope()
 
         self.block(run, node)
 
@@ -125,10 +139,31 @@ class Statements:
             ctype = CType("int", ctype.np)
         if ctype.kind == "int" and not is_constexpr and _numba_may_type_as_literal(code):
             code = f"np.int64({strip_parens(code)})"
-        self.emit(f"{name} = {strip_parens(code)}", decl)
+        if self.borrowed_allocation(name, code, decl):
+            pass
+        else:
+            self.emit(f"{name} = {strip_parens(code)}", decl)
         self.define(name, ctype, is_const, decl)
         if is_constexpr:
             self.func.const_values[name] = self.evaluate(code, value_node, f"constexpr {name}")
+
+    def borrowed_allocation(self, name: str, code: str, decl: Node) -> bool:
+        """In a mixed kernel's sub-core generator, ``LocalTensor<T> name = AllocTensor<T>(...)`` becomes an owner
+        (``_dg_own_<name>``, the allocation) and ``name``, a borrowed view of it (crosscore.borrow: no reference
+        count), which is what the body addresses; the owner is named again where the C++ scope ends
+        (crosscore.keep_alive, pop_scope), so it lives as long as anything can address the view. True when emitted.
+
+        NOTES: numba counts every view of a counted array atomically; an AIC's loops take views of its L0 slots per
+        MAD (``l0a[ping]``, ``slot_view(l0c, ...)`` and the views the Cube's loads make): 13% of a small HC pre-norm
+        call went to NRT_incref / NRT_decref."""
+        if not (self.in_subcore() and code.startswith("np.empty(") and "AllocTensor" in self.text(decl)):
+            return False
+        owner = f"_dg_own_{name}"
+        self.emit(f"{owner} = {strip_parens(code)}", decl)
+        self.emit(f"{name} = borrow({owner})", decl)
+        self.func.owners.setdefault(len(self.func.scopes), []).append(owner)
+        self.used_runtime.update({"borrow", "keep_alive"})
+        return True
 
     def array_declaration(self, decl: Node, target: Node, base: CType, value_node: Node | None) -> None:
         dims = []
@@ -313,9 +348,9 @@ class Statements:
             self.emit(f"# if constexpr ({self.text(self.condition_value(cond_node))}) -> {bool(value)}", node)
             taken = consequence if value else (alternative.named_children[-1] if alternative is not None else None)
             if taken is not None:
-                self.func.scopes.append({})
+                self.push_scope()
                 self.statements(taken.named_children if taken.type == "compound_statement" else [taken])
-                self.func.scopes.pop()
+                self.pop_scope()
             return
         cond = self.exact(self.expr(self.condition_value(cond_node)), cond_node)
         self.emit(f"{keyword_} {strip_parens(cond.code)}:", node)
@@ -338,7 +373,7 @@ class Statements:
         self.func.loops.pop()
 
     def for_statement(self, node: Node) -> None:
-        self.func.scopes.append({})
+        self.push_scope()
         counted = self.counted_loop(node)
         body = node.child_by_field_name("body")
         if counted is not None:
@@ -352,7 +387,7 @@ class Statements:
             self.func.loops.pop()
         else:
             self.while_loop(node, body)
-        self.func.scopes.pop()
+        self.pop_scope()
 
     def cancel_point(self, node: Node, indent: int = 1) -> None:
         """At the top of a persistent tile loop (its update steps by GetBlockNum()), leave the loop once the launch's
@@ -391,10 +426,10 @@ class Statements:
         self.func.loops.append(update_lines)
 
         def run():
-            self.func.scopes.append({})
+            self.push_scope()
             self.cancel_point(node, indent=0)
             self.statements(body.named_children if body.type == "compound_statement" else [body])
-            self.func.scopes.pop()
+            self.pop_scope()
             for line in update_lines:
                 self.emit(line, update)
 

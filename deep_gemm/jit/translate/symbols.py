@@ -49,3 +49,4 @@ class FuncCtx:
     loops: list[list[str] | None] = field(default_factory=list)  # per loop: update lines to run before continue
     const_values: dict[str, object] = field(default_factory=dict)
     cancel: bool = False  # the cancel flag (CANCEL) is in scope: persistent tile loops check it
+    owners: dict[int, list[str]] = field(default_factory=dict)  # scope depth -> owners of the buffers it allocated
