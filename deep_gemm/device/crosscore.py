@@ -220,6 +220,21 @@ def ub_tensor(ub, info, aiv, byte_offset, rows, cols, dtype):
     return carray(_address_as_ptr(ub[aiv].ctypes.data + byte_offset, dtype), (rows, cols))
 
 
+@njit(cache=True)
+def local_tensor(local, sub, byte_offset, shape, dtype):
+    """``AllocTensor<T>(shape)`` of a mixed kernel's sub-core ``sub``: a borrowed view (no reference count) of type T
+    of row ``sub`` of ``local``, the launch thread's local memory (uint8 [3, bytes], which the launch loop owns and
+    which outlives every generator that addresses it), from ``byte_offset``; the translator gives each buffer of a
+    sub-core body its own offset. Not zeroed (AllocTensor's memory is not). Raises ValueError when it leaves the row."""
+    nbytes = _itemsize(dtype)
+    for n in shape:
+        nbytes *= n
+    if sub < 0 or sub >= local.shape[0] or byte_offset < 0 or byte_offset + nbytes > local.shape[1]:
+        raise ValueError("AllocTensor: the buffer leaves the sub-core's local memory (sub, offset, bytes, size)", sub,
+                         byte_offset, nbytes, local.shape[1])
+    return carray(_address_as_ptr(local[sub].ctypes.data + byte_offset, dtype), shape)
+
+
 def borrow(arr):
     """A view of ``arr`` (same data, shape, strides) that holds no reference: the mixed kernel's scheduler hands
     these to its sub-core generators. In plain Python (kernels run uncompiled in tests) it is ``arr`` itself.

@@ -82,15 +82,16 @@ apply_numba_settings()
 @njit(cache=True)
 def l0a_size(mad_m, mad_k):
     """Elements of one L0A buffer for a mad_m x mad_k tile (Ascend L0A, 64 KiB on the chip): enough for the fp32
-    layout and for the bf16 (AMX) layout's 16-row x 32-K padding."""
-    return _round_up(mad_m, AMX_T) * _round_up(mad_k, AMX_K)
+    layout and for the bf16 (AMX) layout's 16-row x 32-K padding. Plain arithmetic, so its py_func also sizes a mixed
+    kernel's local memory when the kernel is translated (translate/mixed.py local_allocation)."""
+    return -(-mad_m // AMX_T) * AMX_T * (-(-mad_k // AMX_K) * AMX_K)
 
 
 @njit(cache=True)
 def l0b_size(mad_n, mad_k):
     """Elements of one L0B buffer for a mad_n x mad_k tile (Ascend L0B, 64 KiB): NR-row panels (fp32) or 16-row
-    panels (bf16), K padded to 32."""
-    return ((mad_n + NR - 1) // NR) * NR * _round_up(mad_k, AMX_K)
+    panels (bf16), K padded to 32 (plain arithmetic, as l0a_size)."""
+    return ((mad_n + NR - 1) // NR) * NR * (-(-mad_k // AMX_K) * AMX_K)
 
 
 # The Cube's unit for an L0 buffer, from its element type (_l0_unit): fp32 FMA, AMX (uint16), AVX512-BF16 (int16).

@@ -67,6 +67,7 @@ class _Counting:
                      Fixpipe=fixpipe, DataCopyPad=data_copy_pad, ub_tensor=ub_tensor, SetFlag=noop, WaitFlag=noop,
                      cross_core_set=noop, cross_core_try_wait=lambda *args: True, cancel_requested=lambda c: False,
                      borrow=lambda arr: arr, keep_alive=noop,
+                     local_tensor=lambda local, sub, offset, shape, dtype: np.zeros(shape, dtype),
                      slot_view=lambda buf, s, rows: buf[s * rows:(s + 1) * rows],
                      tile_view=lambda buf, r0, rows, c0, cols: buf[r0:r0 + rows, c0:c0 + cols],
                      l0a_size=lambda rows, k: rows * k, l0b_size=lambda rows, k: rows * k,
@@ -93,7 +94,7 @@ def _dry_run(m, n, k, num_splits, deterministic, cores):
     for core in range(cores):
         for sub in range(3):
             counting.core, counting.sub = core, sub
-            for _ in subcore(core, sub, None, None, None, None, None, None, *args.values()):
+            for _ in subcore(core, sub, None, None, None, None, None, None, None, *args.values()):
                 pass
     return prepared.config, counting.counts
 

@@ -224,24 +224,28 @@ def test_bookkeeping_calls_pass_constants_as_int64_values():
     assert [str(t) for sig in callee.signatures for t in sig] == ["int64"]  # one overload, not Literal[int](3), (4)
 
 
-def test_sub_core_buffers_are_borrowed_views_of_owners_kept_to_their_scope_end():
+def test_sub_core_buffers_are_borrowed_views_of_local_memory_or_of_owners_kept_to_their_scope_end():
     """A sub-core generator addresses each AllocTensor buffer through a borrowed view (no reference count: numba
-    counted every view of a counted buffer atomically, per MAD in an AIC's loops); the allocation itself is held by
-    an owner that is named once more as the last statement of the buffer's C++ scope (top level, an AIC block, a
-    loop body), so it outlives every use of the view."""
+    counted every view of a counted buffer atomically, per MAD in an AIC's loops). Constant sizes: a view of the
+    launch thread's local memory at an offset of its own (64-byte aligned, none overlapping; the launch loop's rows
+    hold them all). A size known only at run time: a view of an owner that is named once more as the last statement
+    of the buffer's C++ scope (top level, an AIC block, a loop body), so it outlives every use of the view."""
     import ast
 
     from deep_gemm.jit.translate import translate
 
     source = ("constexpr int32_t NUM_AI_CORES = 2;\n"
-              'extern "C" __global__ __aicore__ void k(GlobalTensor<float> x) {\n'
-              "    LocalTensor<float> top = AllocTensor<float>(4);\n"
+              "constexpr int32_t ROWS = 3;\n"
+              'extern "C" __global__ __aicore__ void k(GlobalTensor<float> x, int32_t n) {\n'
+              "    LocalTensor<float> top = AllocTensor<float>(n);\n"
+              "    LocalTensor<uint8_t> flags = AllocTensor<uint8_t>(5);\n"
               "    if ASCEND_IS_AIC {\n"
-              "        LocalTensor<float> aic = AllocTensor<float>(2, 8);\n"
+              "        LocalTensor<float> aic = AllocTensor<float>(ROWS, n + 1);\n"
+              "        LocalTensor<float> fixed = AllocTensor<float>(ROWS, l0a_size(20, 40));\n"
               "        for (int32_t i = 0; i < 3; ++i) {\n"
-              "            LocalTensor<float> tmp = AllocTensor<float>(8);\n"
-              "            tmp[0] = aic[i][0];\n"
-              "            top[0] = tmp[0];\n"
+              "            LocalTensor<float> tmp = AllocTensor<float>(n);\n"
+              "            tmp[0] = aic[i][0] + fixed[i][0];\n"
+              "            top[0] = tmp[0] + flags[0];\n"
               "        }\n"
               "        x[0] = top[0];\n"
               "    }\n"
@@ -249,9 +253,10 @@ def test_sub_core_buffers_are_borrowed_views_of_owners_kept_to_their_scope_end()
               "        x[1] = top[1];\n"
               "    }\n"
               "}\n")
-    tree = ast.parse(translate(source, template="case.asc").python)
+    python = translate(source, template="case.asc").python
+    tree = ast.parse(python)
     generator = next(f for f in tree.body if isinstance(f, ast.FunctionDef) and "_subcore" in f.name)
-    found = {}
+    owned, local = {}, {}
     for node in ast.walk(generator):
         for field in ("body", "orelse"):
             stmts = getattr(node, field, None)
@@ -259,8 +264,14 @@ def test_sub_core_buffers_are_borrowed_views_of_owners_kept_to_their_scope_end()
                 continue
             code = [ast.unparse(s) for s in stmts]
             for i, (stmt, line) in enumerate(zip(stmts, code, strict=True)):
-                if isinstance(stmt, ast.Assign) and line.split(" = ")[-1].startswith("borrow(_dg_own_"):
-                    name = line.split(" = ")[0]
+                if not isinstance(stmt, ast.Assign):
+                    continue
+                name, value = line.split(" = ", 1)
+                if value.startswith("local_tensor(_dg_local, _dg_sub, "):
+                    call = stmt.value
+                    shape = tuple(ast.literal_eval(ast.unparse(e.args[0])) for e in call.args[3].elts)
+                    local[name] = (ast.literal_eval(ast.unparse(call.args[2].args[0])), shape, call.args[4].attr)
+                if value.startswith("borrow(_dg_own_"):
                     owner = f"_dg_own_{name}"
                     assert code[i - 1].startswith(f"{owner} = np.empty(")
                     keep = f"keep_alive({owner})"
@@ -268,5 +279,8 @@ def test_sub_core_buffers_are_borrowed_views_of_owners_kept_to_their_scope_end()
                     # nothing but the scope's other keep_alive calls (and the generator's final yield) after it
                     rest = code[code.index(keep) + 1:]
                     assert all(r.startswith("keep_alive(") or r == "yield 0" for r in rest), (name, rest)
-                    found[name] = True
-    assert set(found) == {"top", "aic", "tmp"}
+                    owned[name] = True
+    assert set(owned) == {"top", "aic", "tmp"}
+    assert local == {"flags": (0, (5,), "uint8"), "fixed": (64, (3, 32 * 64), "float32")}  # l0a_size(20, 40)
+    end = 64 + 3 * 32 * 64 * 4
+    assert python.count(f"_dg_local = np.empty((3, {end}), np.uint8)") == 2  # the threads and prange launchers

@@ -469,6 +469,10 @@ class Expressions:
             if arg.ctype.is_float:
                 raise self.error(node, "AllocTensor sizes must be integers")
         args = [self.exact(arg, node) for arg in args]
+        if self.in_subcore():
+            local = self.local_allocation([strip_parens(a.code) for a in args], elem.np, node)
+            if local is not None:
+                return local
         shape = strip_parens(args[0].code) if len(args) == 1 else \
             f"({strip_parens(args[0].code)}, {strip_parens(args[1].code)})"
         return Expr(f"np.empty({shape}, np.{elem.np})", CType("array", elem.np, len(args)))

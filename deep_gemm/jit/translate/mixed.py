@@ -15,9 +15,11 @@ that is checked when the core ends (device/synccheck.py).
 
 from __future__ import annotations
 
+import numpy as np
 from tree_sitter import Node
 
 from .. import enums
+from ..errors import TranslateError
 from .ctype import BOOL, UNKNOWN, VOID, CType, Expr, int_value
 from .emitter import CANCEL, CORES
 
@@ -25,6 +27,10 @@ from .emitter import CANCEL, CORES
 SUB = "_dg_sub"
 CROSS = "_dg_xflags, _dg_xlines, _dg_xinfo, _dg_ub"
 CHECK = "_dg_pe, _dg_chk"
+LOCAL = "_dg_local"  # the sub-cores' local memory (L1, L0A/L0B, L0C, their AllocTensor buffers): uint8 [3, bytes]
+LOCAL_ALIGN = 64
+# Device functions a constant AllocTensor size may call (plain arithmetic in Python too: their py_func is evaluated)
+LOCAL_SIZE_HELPERS = ("l0a_size", "l0b_size")
 MIXED_BUILTINS = ("GetSubBlockIdx", "CrossCoreSetFlag", "CrossCoreWaitFlag", "UBTensor")
 MIXED_IDENTIFIERS = {"ASCENDISAIC": f"({SUB} == 0)", "ASCENDISAIV": f"({SUB} != 0)"}
 SYNC_CALLS = ("SetFlag", "WaitFlag", "PipeBarrier")
@@ -35,6 +41,7 @@ class MixedKernels:
     """Mixin of Translator: mixed-kernel builtins, SyncAll phases, the checker's sync calls, the mixed entry."""
 
     sync_check: bool = False
+    local_bytes: int = 0  # the current phase's local memory per sub-core (local_allocation)
 
     # -- analysis ---------------------------------------------------------------------------------------------
 
@@ -107,6 +114,34 @@ class MixedKernels:
 
     def in_subcore(self) -> bool:
         return self.func is not None and self.func.sig.is_entry and self.is_mixed
+
+    def local_allocation(self, dims: list[str], np_type: str, node: Node) -> Expr | None:
+        """``AllocTensor<T>(dims)`` in a sub-core generator whose sizes are compile-time constants: a view of the
+        sub-core's row of the launch thread's local memory (crosscore.local_tensor: borrowed, no reference count),
+        at an offset fixed here (64-byte aligned, declaration order); None when a size is known only at run time.
+
+        NOTES: an np.empty per buffer made every view of it counted (numba increments the buffer's count
+        atomically for each view: per MAD in an AIC's loops, 13% of a small HC pre-norm call) and allocated per
+        logical core; a borrowed view of an owner kept alive in the generator grew its state (+0.3 s of the HC
+        kernel's cold compile)."""
+        from ...device import cube
+
+        helpers = {name: getattr(cube, name).py_func for name in LOCAL_SIZE_HELPERS}
+        sizes = []
+        for code in dims:
+            try:
+                value = self.evaluate(code, node, "AllocTensor size", helpers)
+            except TranslateError:
+                return None
+            if not isinstance(value, (int, np.integer)) or value < 0:
+                return None
+            sizes.append(int(value))
+        offset = -(-self.local_bytes // LOCAL_ALIGN) * LOCAL_ALIGN
+        self.local_bytes = offset + int(np.prod(sizes)) * np.dtype(np_type).itemsize
+        self.used_runtime.add("local_tensor")
+        shape = ", ".join(f"np.int64({n})" for n in sizes)
+        return Expr(f"local_tensor({LOCAL}, {SUB}, np.int64({offset}), ({shape},), np.{np_type})",
+                    CType("array", np_type, len(sizes)))
 
     def has_check_state(self) -> bool:
         return self.sync_check and self.func is not None and (
@@ -258,6 +293,7 @@ class MixedKernels:
         args = [f"np.{ctype.np}({name})" if ctype.kind == "float" else name for name, ctype in sig.params]
         self.kernel_label_used = True
         phase_names = []
+        phase_local = []
         for index, phase in enumerate(self.phases):
             suffix = f"_p{index}" if len(self.phases) > 1 else ""
             self.func.scopes = [self.func.scopes[0]]
@@ -265,6 +301,7 @@ class MixedKernels:
             if self.is_mixed:
                 self.emit_subcore(sig, node, phase, suffix, params)
                 self.emit_scheduler(sig, node, suffix, params)
+                phase_local.append(self.local_bytes)
             else:
                 self.emit_plain_core(sig, node, phase, suffix, params)
             for name, sym in list(self.func.scopes[0].items()):
@@ -283,7 +320,8 @@ class MixedKernels:
                 # NOTES: one cross-core state per thread of a launch, reused (zeroed) by each core it claims: a fresh
                 # UB per core (2 x UB_BYTES, above glibc's mmap threshold) page-faulted in every call, ~0.3 ms a core.
                 self.emit(f"{CROSS} = new_cross_state({self.ub_bytes()})", node)
-                core_args = ["_block_idx", CROSS, CANCEL, *args]
+                self.emit(self.local_memory(self.local_bytes), node)
+                core_args = ["_block_idx", CROSS, LOCAL, CANCEL, *args]
             self.emit_claim_loop(f"_{sig.name}_core{suffix}({', '.join(core_args)})", node)
             self.indent -= 1
         self.phase_entries = phase_names
@@ -298,10 +336,18 @@ class MixedKernels:
             core_args = ["np.int64(_block_idx)", *args]
             if self.is_mixed:
                 self.emit(f"{CROSS} = new_cross_state({self.ub_bytes()})", node)
-                core_args = ["np.int64(_block_idx)", CROSS, CANCEL, *args]
+                self.emit(self.local_memory(phase_local[index]), node)
+                core_args = ["np.int64(_block_idx)", CROSS, LOCAL, CANCEL, *args]
             self.emit(f"_{sig.name}_core{suffix}({', '.join(core_args)})", node)
             self.indent -= 1
         self.indent -= 1
+
+    @staticmethod
+    def local_memory(nbytes: int) -> str:
+        """The statement that allocates the sub-cores' local memory of a launch thread (one row per sub-core, each
+        row holding every local_allocation of the phase; not zeroed, as AllocTensor's memory is not)."""
+        row = max(-(-nbytes // LOCAL_ALIGN) * LOCAL_ALIGN, LOCAL_ALIGN)
+        return f"{LOCAL} = np.empty((3, {row}), np.uint8)"
 
     def emit_body(self, stmts: list[Node], node: Node) -> None:
         self.indent += 1
@@ -340,8 +386,9 @@ class MixedKernels:
         # caller's (another process still compiling the same kernel, or a compile interrupted between the two
         # writes) failed that way, every time. Cached callers carry the generator's code, so nothing is lost.
         self.emit("@njit(cache=False)", node)
-        self.emit(f"def _{sig.name}_subcore{suffix}({', '.join(['_block_idx', SUB, CROSS, CHECK, *params])}):",
+        self.emit(f"def _{sig.name}_subcore{suffix}({', '.join(['_block_idx', SUB, CROSS, LOCAL, CHECK, *params])}):",
                   node)
+        self.local_bytes = 0
         self.emit_body(stmts, node)
         self.indent += 1
         self.emit("yield 0", node)
@@ -354,7 +401,7 @@ class MixedKernels:
     def emit_scheduler(self, sig, node: Node, suffix: str, params: list[str]) -> None:
         self.emit("", None)
         self.emit("@njit(cache=True)", node)
-        self.emit(f"def _{sig.name}_core{suffix}({', '.join(['_block_idx', CROSS, CANCEL, *params])}):", node)
+        self.emit(f"def _{sig.name}_core{suffix}({', '.join(['_block_idx', CROSS, LOCAL, CANCEL, *params])}):", node)
         self.indent += 1
         self.emit("# The AIC and the two AIVs of this core: generators resumed round-robin until all finish. The",
                   None)
@@ -366,7 +413,7 @@ class MixedKernels:
         # NOTES: the generators get borrowed views of every array (crosscore.borrow: numba never releases what a
         # generator captured); this function holds the real references until its sub-cores have finished.
         arrays = {name for name, ctype in sig.params if ctype.kind == "array"}
-        arrays |= set(CROSS.split(", ")) | {f"_dg_{kind}{s}" for kind in ("pe", "chk") for s in range(3)}
+        arrays |= set(CROSS.split(", ")) | {LOCAL} | {f"_dg_{kind}{s}" for kind in ("pe", "chk") for s in range(3)}
         for name in sorted(arrays):
             self.emit(f"_dg_b{name} = borrow({name})", node)
         lent = lambda names: [f"_dg_b{n}" if n in arrays else n for n in names]  # noqa: E731
@@ -374,7 +421,7 @@ class MixedKernels:
         # once per literal argument, so literal 0, 1, 2 compiled the sub-core generator (the bulk of a mixed kernel)
         # three times; one compile serves all three, ASCENDISAIC / ASCENDISAIV becoming runtime tests of _dg_sub.
         for s in range(3):
-            names = ['_block_idx', f'np.int64({s})', *CROSS.split(", "), f'_dg_pe{s}', f'_dg_chk{s}', *params]
+            names = ['_block_idx', f'np.int64({s})', *CROSS.split(", "), LOCAL, f'_dg_pe{s}', f'_dg_chk{s}', *params]
             self.emit(f"_dg_g{s} = _{sig.name}_subcore{suffix}({', '.join(lent(names))})", node)
         self.emit("_dg_live0 = True", node)
         self.emit("_dg_live1 = True", node)

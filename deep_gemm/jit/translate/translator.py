@@ -138,9 +138,10 @@ class Translator(Diagnostics, TreeQueries, Emitter, Conversions, MixedKernels, E
         self.module_consts[name] = Sym(ctype, const=True)
         self.emit(f"{name} = {self.literal(value, np_name)}", node)
 
-    def evaluate(self, code: str, node: Node, what: str):
+    def evaluate(self, code: str, node: Node, what: str, extra: dict[str, object] | None = None):
         namespace = {"np": np, "c_div": c_div, "c_mod": c_mod, "min": min, "max": max, "abs": abs,
                      "float": float, "int": int, "bool": bool, "__builtins__": {}}
+        namespace.update(extra or {})
         namespace.update(self.module_values)
         namespace.update({k: v for k, (v, _) in self.used_enums.items()})
         if self.func is not None:
