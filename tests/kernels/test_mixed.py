@@ -227,9 +227,10 @@ def test_bookkeeping_calls_pass_constants_as_int64_values():
 def test_sub_core_buffers_are_borrowed_views_of_local_memory_or_of_owners_kept_to_their_scope_end():
     """A sub-core generator addresses each AllocTensor buffer through a borrowed view (no reference count: numba
     counted every view of a counted buffer atomically, per MAD in an AIC's loops). Constant sizes: a view of the
-    launch thread's local memory at an offset of its own (64-byte aligned, none overlapping; the launch loop's rows
-    hold them all). A size known only at run time: a view of an owner that is named once more as the last statement
-    of the buffer's C++ scope (top level, an AIC block, a loop body), so it outlives every use of the view."""
+    launch thread's local memory at an offset of its own (64-byte aligned, none overlapping, each at another place
+    within a 4 KiB page; the launch loop's rows hold them all). A size known only at run time: a view of an owner
+    that is named once more as the last statement of the buffer's C++ scope (top level, an AIC block, a loop body), so
+    it outlives every use of the view."""
     import ast
 
     from deep_gemm.jit.translate import translate
@@ -242,9 +243,10 @@ def test_sub_core_buffers_are_borrowed_views_of_local_memory_or_of_owners_kept_t
               "    if ASCEND_IS_AIC {\n"
               "        LocalTensor<float> aic = AllocTensor<float>(ROWS, n + 1);\n"
               "        LocalTensor<float> fixed = AllocTensor<float>(ROWS, l0a_size(20, 40));\n"
+              "        LocalTensor<float> fixed2 = AllocTensor<float>(ROWS, l0a_size(20, 40));\n"
               "        for (int32_t i = 0; i < 3; ++i) {\n"
               "            LocalTensor<float> tmp = AllocTensor<float>(n);\n"
-              "            tmp[0] = aic[i][0] + fixed[i][0];\n"
+              "            tmp[0] = aic[i][0] + fixed[i][0] + fixed2[i][1];\n"
               "            top[0] = tmp[0] + flags[0];\n"
               "        }\n"
               "        x[0] = top[0];\n"
@@ -281,6 +283,12 @@ def test_sub_core_buffers_are_borrowed_views_of_local_memory_or_of_owners_kept_t
                     assert all(r.startswith("keep_alive(") or r == "yield 0" for r in rest), (name, rest)
                     owned[name] = True
     assert set(owned) == {"top", "aic", "tmp"}
-    assert local == {"flags": (0, (5,), "uint8"), "fixed": (64, (3, 32 * 64), "float32")}  # l0a_size(20, 40)
-    end = 64 + 3 * 32 * 64 * 4
+    assert {name: (shape, dtype) for name, (_, shape, dtype) in local.items()} == {
+        "flags": ((5,), "uint8"), "fixed": ((3, 32 * 64), "float32"),  # l0a_size(20, 40) = 32 * 64
+        "fixed2": ((3, 32 * 64), "float32")}
+    size = 3 * 32 * 64 * 4  # a multiple of 4 KiB: end to end, fixed2 would alias fixed
+    offsets = [local[name][0] for name in ("flags", "fixed", "fixed2")]
+    assert all(o % 64 == 0 for o in offsets) and offsets[1] >= offsets[0] + 5 and offsets[2] >= offsets[1] + size
+    assert len({o % 4096 for o in offsets}) == 3  # each buffer at its own place within a page (no 4K aliasing)
+    end = -(-(offsets[2] + size) // 64) * 64
     assert python.count(f"_dg_local = np.empty((3, {end}), np.uint8)") == 2  # the threads and prange launchers
