@@ -94,7 +94,7 @@ def _dry_run(m, n, k, num_splits, deterministic, cores):
     for core in range(cores):
         for sub in range(3):
             counting.core, counting.sub = core, sub
-            for _ in subcore(core, sub, None, None, None, None, None, None, None, *args.values()):
+            for _ in subcore(core, sub, None, None, None, None, None, *args.values()):
                 pass
     return prepared.config, counting.counts
 

@@ -292,3 +292,23 @@ def test_sub_core_buffers_are_borrowed_views_of_local_memory_or_of_owners_kept_t
     assert len({o % 4096 for o in offsets}) == 3  # each buffer at its own place within a page (no 4K aliasing)
     end = -(-(offsets[2] + size) // 64) * 64
     assert python.count(f"_dg_local = np.empty((3, {end}), np.uint8)") == 2  # the threads and prange launchers
+
+
+def test_the_checker_state_exists_only_in_check_mode():
+    """Without DG_SYNC_CHECK no core makes the checker's state (six zeroed arrays per logical core of every launch
+    were the scheduler's fixed cost) and no sub-core generator takes it; with it, each sub-core gets its own."""
+    import ast
+
+    from deep_gemm.jit.render import render
+    from deep_gemm.jit.translate import translate
+
+    desc = GemmDesc(m=100, n=96, k=80, a_dtype="bf16", b_dtype="bf16", out_dtype="fp32", num_ai_cores=CORES)
+    constants = gemm_constants(desc, GemmConfig(num_ai_cores=CORES, **CONFIG), "nk", resident_a=False)
+    constants.update(NUM_UB_STAGES=2, UB_BYTES=UB_BYTES)
+    for check in (False, True):
+        python = translate(render("examples/mixed_relu", constants), template="examples/mixed_relu",
+                           constants=constants, sync_check=check).python
+        functions = {f.name: f for f in ast.parse(python).body if isinstance(f, ast.FunctionDef)}
+        generator = next(f for name, f in functions.items() if "_subcore" in name)
+        assert ("_dg_pe" in [a.arg for a in generator.args.args]) == check
+        assert python.count("new_check_state()") == (3 if check else 0)

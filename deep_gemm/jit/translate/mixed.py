@@ -369,21 +369,28 @@ class MixedKernels:
         """One core of a plain kernel (no sub-cores): the body, then in check mode the end-of-core check."""
         self.emit("", None)
         self.emit('@njit(inline="always")', node)
-        self.emit(f"def _{sig.name}_body{suffix}({', '.join(['_block_idx', CHECK, SUB, *params])}):", node)
+        self.emit(f"def _{sig.name}_body{suffix}({', '.join(['_block_idx', *self.check_params(), SUB, *params])}):",
+                  node)
         self.emit_body(stmts, node)
         self.emit("", None)
         self.emit("@njit(cache=True)", node)
         self.emit(f"def _{sig.name}_core{suffix}({', '.join(['_block_idx', *params])}):", node)
         self.indent += 1
-        self.emit("_dg_pe, _dg_chk = new_check_state()", node)
-        self.emit(f"_{sig.name}_body{suffix}({', '.join(['_block_idx', CHECK, '0', *params])})", node)
+        if self.sync_check:
+            self.emit("_dg_pe, _dg_chk = new_check_state()", node)
+        self.emit(f"_{sig.name}_body{suffix}({', '.join(['_block_idx', *self.check_params(), '0', *params])})", node)
         if self.sync_check:
             self.emit("check_end(_dg_pe, _dg_chk, 0)", node)
             self.emit_raise_findings()
+            self.used_check.update({"new_check_state", "check_end"})
         self.indent -= 1
-        self.used_check.add("new_check_state")
-        if self.sync_check:
-            self.used_check.add("check_end")
+
+    def check_params(self, sub: str = "") -> list[str]:
+        """The checker's state parameters (CHECK; the scheduler's of sub-core ``sub``), none without DG_SYNC_CHECK.
+
+        NOTES: the state was made for every core of every launch, checked or not: six zeroed arrays per logical core
+        of a mixed kernel, in its fixed cost, and two more arguments every sub-core generator keeps."""
+        return [f"{name}{sub}" for name in CHECK.split(", ")] if self.sync_check else []
 
     def emit_subcore(self, sig, node: Node, stmts: list[Node], suffix: str, params: list[str]) -> None:
         self.emit("", None)
@@ -393,8 +400,8 @@ class MixedKernels:
         # caller's (another process still compiling the same kernel, or a compile interrupted between the two
         # writes) failed that way, every time. Cached callers carry the generator's code, so nothing is lost.
         self.emit("@njit(cache=False)", node)
-        self.emit(f"def _{sig.name}_subcore{suffix}({', '.join(['_block_idx', SUB, CROSS, LOCAL, CHECK, *params])}):",
-                  node)
+        signature = ['_block_idx', SUB, CROSS, LOCAL, *self.check_params(), *params]
+        self.emit(f"def _{sig.name}_subcore{suffix}({', '.join(signature)}):", node)
         self.local_bytes = self.local_count = 0
         self.emit_body(stmts, node)
         self.indent += 1
@@ -415,12 +422,13 @@ class MixedKernels:
         self.emit("# cross-core state (flags, UB) comes from the launch loop, reset here: each core starts afresh",
                   None)
         self.emit(f"reset_cross_state({CROSS})", node)
-        for s in range(3):
-            self.emit(f"_dg_pe{s}, _dg_chk{s} = new_check_state()", node)
+        if self.sync_check:
+            for s in range(3):
+                self.emit(f"{', '.join(self.check_params(str(s)))} = new_check_state()", node)
         # NOTES: the generators get borrowed views of every array (crosscore.borrow: numba never releases what a
         # generator captured); this function holds the real references until its sub-cores have finished.
         arrays = {name for name, ctype in sig.params if ctype.kind == "array"}
-        arrays |= set(CROSS.split(", ")) | {LOCAL} | {f"_dg_{kind}{s}" for kind in ("pe", "chk") for s in range(3)}
+        arrays |= set(CROSS.split(", ")) | {LOCAL} | {name for s in range(3) for name in self.check_params(str(s))}
         for name in sorted(arrays):
             self.emit(f"_dg_b{name} = borrow({name})", node)
         lent = lambda names: [f"_dg_b{n}" if n in arrays else n for n in names]  # noqa: E731
@@ -428,7 +436,7 @@ class MixedKernels:
         # once per literal argument, so literal 0, 1, 2 compiled the sub-core generator (the bulk of a mixed kernel)
         # three times; one compile serves all three, ASCENDISAIC / ASCENDISAIV becoming runtime tests of _dg_sub.
         for s in range(3):
-            names = ['_block_idx', f'np.int64({s})', *CROSS.split(", "), LOCAL, f'_dg_pe{s}', f'_dg_chk{s}', *params]
+            names = ['_block_idx', f'np.int64({s})', *CROSS.split(", "), LOCAL, *self.check_params(str(s)), *params]
             self.emit(f"_dg_g{s} = _{sig.name}_subcore{suffix}({', '.join(lent(names))})", node)
         self.emit("_dg_live0 = True", node)
         self.emit("_dg_live1 = True", node)
@@ -458,8 +466,8 @@ class MixedKernels:
                   "_dg_xinfo[2 + 2 * _dg_who], _dg_waiting, _DG_MODULE)", node)
         self.indent -= 2
         self.used_runtime.update({"new_cross_state", "reset_cross_state", "KernelDeadlockError", "borrow"})
-        self.used_check.add("new_check_state")
         if self.sync_check:
+            self.used_check.add("new_check_state")
             self.emit("_dg_chk = np.zeros(_dg_chk0.size, np.int64)", node)
             for s in range(3):
                 self.emit(f"check_end(_dg_pe{s}, _dg_chk{s}, {s})", node)
