@@ -68,11 +68,14 @@ def _schedule(context_lens: np.ndarray, num_heads: int, num_cores: int) -> np.nd
     atom = paged_atom_tokens(next_n, num_heads)
     units = np.asarray(paged_units(context_lens.tolist(), atom), dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(units)])  # first unit of each atom, then the total
+    first = np.asarray(split_units(int(starts[-1]), num_cores), dtype=np.int64)
+    # the atom holding each core's first unit (atoms without units are passed over); the total -> (num_atoms, 0).
+    # NOTES: one searchsorted for all cores: a call per core was a third of a batch-1 decode call's time.
+    a = np.searchsorted(starts[1:], first, side="right")
+    inside = a < len(units)
     meta = np.zeros((num_cores + 1, 2), dtype=np.int32)
-    for c, u in enumerate(split_units(int(starts[-1]), num_cores)):
-        # the atom holding unit u (atoms without units are passed over); u == total -> (num_atoms, 0)
-        a = int(np.searchsorted(starts[1:], u, side="right"))
-        meta[c] = (a, u - starts[a]) if a < len(units) else (len(units), 0)
+    meta[:, 0] = np.where(inside, a, len(units))
+    meta[:, 1] = np.where(inside, first - starts[np.minimum(a, len(units))], 0)
     return meta
 
 
