@@ -312,3 +312,35 @@ def test_the_checker_state_exists_only_in_check_mode():
         generator = next(f for name, f in functions.items() if "_subcore" in name)
         assert ("_dg_pe" in [a.arg for a in generator.args.args]) == check
         assert python.count("new_check_state()") == (3 if check else 0)
+
+
+def test_a_phase_without_waits_runs_its_sub_cores_as_functions():
+    """A phase whose body never waits on a cross-core flag compiles its sub-core body as a plain (cached) function,
+    called for the AIC, AIV0 and AIV1 in turn; a phase that waits keeps its generator and the round-robin. (The HC
+    pre-norm GEMM's split sum is such a phase: its tests run it.)"""
+    import ast
+
+    from deep_gemm.jit.translate import translate
+
+    source = ("constexpr int32_t NUM_AI_CORES = 2;\n"
+              'extern "C" __global__ __aicore__ void k(__gm__ float* x) {\n'
+              "    if ASCEND_IS_AIV {\n"
+              "        CrossCoreSetFlag<2, PIPE_MTE3>(1);\n"
+              "    }\n"
+              "    if ASCEND_IS_AIC {\n"
+              "        CrossCoreWaitFlag(1);\n"
+              "        x[GetBlockIdx() * 3] = 1.0f;\n"
+              "    }\n"
+              "    SyncAll();\n"
+              "    if ASCEND_IS_AIV {\n"
+              "        x[GetBlockIdx() * 3 + GetSubBlockIdx() + 1] = x[GetBlockIdx() * 3] + 1.0f + GetSubBlockIdx();\n"
+              "    }\n"
+              "}\n")
+    python = translate(source, template="case.asc").python
+    functions = {f.name: f for f in ast.parse(python).body if isinstance(f, ast.FunctionDef)}
+    is_generator = {name: any(isinstance(n, ast.Yield) for n in ast.walk(f)) for name, f in functions.items()}
+    assert is_generator["_k_subcore_p0"] and not is_generator["_k_subcore_p1"]
+    decorator = ast.unparse(functions["_k_subcore_p1"].decorator_list[0])
+    assert decorator == "njit(cache=True)"
+    core = ast.unparse(functions["_k_core_p1"])
+    assert "next(" not in core and [f"np.int64({s})" in core for s in range(3)] == [True] * 3

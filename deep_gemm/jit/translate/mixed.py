@@ -44,6 +44,7 @@ class MixedKernels:
     sync_check: bool = False
     local_bytes: int = 0  # the current phase's local memory per sub-core (local_allocation)
     local_count: int = 0  # its buffers so far
+    subcore_generator: bool = True  # the current phase's sub-cores wait on flags: a generator each (else a function)
 
     # -- analysis ---------------------------------------------------------------------------------------------
 
@@ -283,7 +284,8 @@ class MixedKernels:
         if self.in_subcore():
             if [c for c in node.named_children if c.type != "comment"]:
                 raise self.error(node, "the kernel entry returns no value")
-            self.emit("yield 0", node)  # finished: the scheduler never resumes it
+            if self.subcore_generator:
+                self.emit("yield 0", node)  # finished: the scheduler never resumes it
             self.emit("return", node)
             return
         self.return_statement(node)
@@ -393,20 +395,25 @@ class MixedKernels:
         return [f"{name}{sub}" for name in CHECK.split(", ")] if self.sync_check else []
 
     def emit_subcore(self, sig, node: Node, stmts: list[Node], suffix: str, params: list[str]) -> None:
+        """The phase's sub-core body: a generator when it waits on a cross-core flag, else a plain function (its
+        sub-cores then run one after another, which is what the round-robin did: without a wait a sub-core runs to
+        its end at once; a generator costs numba far more to compile and to resume)."""
         self.emit("", None)
+        self.subcore_generator = any(self.calls_named(stmt, "CrossCoreWaitFlag") for stmt in stmts)
         # NOTES: the sub-core generator is not cached on disk. numba lowers a call to a generator only with the
         # generator compiled in the same process: loaded from its cache, a caller that still has to compile fails
         # (KeyError naming the generator type). A process that found the generator's cache entry but not its
         # caller's (another process still compiling the same kernel, or a compile interrupted between the two
         # writes) failed that way, every time. Cached callers carry the generator's code, so nothing is lost.
-        self.emit("@njit(cache=False)", node)
+        self.emit(f"@njit(cache={not self.subcore_generator})", node)
         signature = ['_block_idx', SUB, CROSS, LOCAL, *self.check_params(), *params]
         self.emit(f"def _{sig.name}_subcore{suffix}({', '.join(signature)}):", node)
         self.local_bytes = self.local_count = 0
         self.emit_body(stmts, node)
-        self.indent += 1
-        self.emit("yield 0", node)
-        self.indent -= 1
+        if self.subcore_generator:
+            self.indent += 1
+            self.emit("yield 0", node)
+            self.indent -= 1
 
     def ub_bytes(self) -> int:
         """One AIV's UB bytes: the kernel's UB_BYTES constant, else the default."""
@@ -417,8 +424,9 @@ class MixedKernels:
         self.emit("@njit(cache=True)", node)
         self.emit(f"def _{sig.name}_core{suffix}({', '.join(['_block_idx', CROSS, LOCAL, CANCEL, *params])}):", node)
         self.indent += 1
-        self.emit("# The AIC and the two AIVs of this core: generators resumed round-robin until all finish. The",
+        self.emit("# The AIC and the two AIVs of this core: generators resumed round-robin until all finish (run one",
                   None)
+        self.emit("# after another when the phase has no cross-core wait). The", None)
         self.emit("# cross-core state (flags, UB) comes from the launch loop, reset here: each core starts afresh",
                   None)
         self.emit(f"reset_cross_state({CROSS})", node)
@@ -435,9 +443,21 @@ class MixedKernels:
         # NOTES: the sub-core index goes in as a plain int64 (np.int64(s)), not a literal: numba compiles a function
         # once per literal argument, so literal 0, 1, 2 compiled the sub-core generator (the bulk of a mixed kernel)
         # three times; one compile serves all three, ASCENDISAIC / ASCENDISAIV becoming runtime tests of _dg_sub.
+        calls = []
         for s in range(3):
             names = ['_block_idx', f'np.int64({s})', *CROSS.split(", "), LOCAL, *self.check_params(str(s)), *params]
-            self.emit(f"_dg_g{s} = _{sig.name}_subcore{suffix}({', '.join(lent(names))})", node)
+            calls.append(f"_{sig.name}_subcore{suffix}({', '.join(lent(names))})")
+        self.used_runtime.update({"new_cross_state", "reset_cross_state", "borrow"})
+        if not self.subcore_generator:
+            for call in calls:
+                self.emit(f"if cancel_requested({CANCEL}):", node)
+                self.emit("    return", node)
+                self.emit(call, node)
+            self.emit_scheduler_check_end(node)
+            self.indent -= 1
+            return
+        for s, call in enumerate(calls):
+            self.emit(f"_dg_g{s} = {call}", node)
         self.emit("_dg_live0 = True", node)
         self.emit("_dg_live1 = True", node)
         self.emit("_dg_live2 = True", node)
@@ -465,7 +485,12 @@ class MixedKernels:
         self.emit("raise KernelDeadlockError(_DG_KERNEL, _block_idx, _dg_who, _dg_xinfo[1 + 2 * _dg_who], "
                   "_dg_xinfo[2 + 2 * _dg_who], _dg_waiting, _DG_MODULE)", node)
         self.indent -= 2
-        self.used_runtime.update({"new_cross_state", "reset_cross_state", "KernelDeadlockError", "borrow"})
+        self.used_runtime.add("KernelDeadlockError")
+        self.emit_scheduler_check_end(node)
+        self.indent -= 1
+
+    def emit_scheduler_check_end(self, node: Node) -> None:
+        """In check mode, the end of a core: each sub-core's findings, then the cross-core flags'."""
         if self.sync_check:
             self.used_check.add("new_check_state")
             self.emit("_dg_chk = np.zeros(_dg_chk0.size, np.int64)", node)
@@ -475,7 +500,6 @@ class MixedKernels:
             self.emit("check_cross_end(_dg_xflags, _dg_xlines, _dg_chk)", node)
             self.emit_raise_findings()
             self.used_check.update({"check_end", "merge_findings", "check_cross_end"})
-        self.indent -= 1
 
     def emit_raise_findings(self) -> None:
         self.emit("if _dg_chk[0] > 0:", None)
