@@ -253,8 +253,8 @@ def _borrow_impl(arr):
 
 
 def keep_alive(arr):
-    """Nothing, as a call numba keeps: a mixed kernel's sub-core generator names the owner of each of its local
-    buffers here at the end of the buffer's C++ scope, so the owner (and its memory) lives at least as long as the
+    """Nothing, as a call numba keeps: a mixed kernel's sub-core body names the owner of each of its run-time-sized
+    local buffers here at the end of the buffer's C++ scope, so the owner (and its memory) lives at least as long as the
     borrowed view (``borrow``) the kernel body addresses it through. In plain Python it does nothing either."""
     return None
 

@@ -48,9 +48,8 @@ PAGE_SIZES = (32, 64, 128)
 # accumulate per head, each bf16 score widened in the lane) where the chip multiply-accumulates bf16 scores into
 # bf16 sums (asc_mula), which would round each partial sum to bf16 and break the stand-in's bf16 = RNE(fp32 logits)
 # contract; and it keeps CUDA DeepGEMM's fp32 per-key scale form (the same VF scales and ReLUs each score), which
-# the chip's API does not take. The model charges the
-# chip's rates for the work the stand-in issues: the head reduction at the chip's bf16 lanes, FixPipe at 64 bf16
-# elements per cycle.
+# the chip's API does not take. The model charges the chip's rates for the work the stand-in issues: the head
+# reduction at the chip's bf16 lanes, FixPipe at 64 bf16 elements per cycle.
 # The paged gather (PAGES_PER_COPY) is the chip's in the model and in the stand-in's kernel: two pages of values per
 # AIC copy (a two-burst copy), the scales moved by the owning AIV; copies and bytes are tested against the kernel's
 # counters (test_mqa_work_model.py). The stand-in's AIC reads the owner's UB scale stage in place of the chip's

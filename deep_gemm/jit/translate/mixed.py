@@ -119,14 +119,14 @@ class MixedKernels:
         return self.func is not None and self.func.sig.is_entry and self.is_mixed
 
     def local_allocation(self, dims: list[str], np_type: str, node: Node) -> Expr | None:
-        """``AllocTensor<T>(dims)`` in a sub-core generator whose sizes are compile-time constants: a view of the
+        """``AllocTensor<T>(dims)`` in a sub-core body whose sizes are compile-time constants: a view of the
         sub-core's row of the launch thread's local memory (crosscore.local_tensor: borrowed, no reference count),
         at an offset fixed here (64-byte aligned, declaration order); None when a size is known only at run time.
 
         NOTES: an np.empty per buffer made every view of it counted (numba increments the buffer's count
         atomically for each view: per MAD in an AIC's loops, 13% of a small HC pre-norm call) and allocated per
-        logical core; a borrowed view of an owner kept alive in the generator grew its state (+0.3 s of the HC
-        kernel's cold compile)."""
+        logical core; a borrowed view of an owner kept alive in the generator (borrowed_allocation, still the form of
+        run-time sizes) grew its state: the HC kernel's cold compile took 0.2-0.3 s longer."""
         from ...device import cube
 
         helpers = {name: getattr(cube, name).py_func for name in LOCAL_SIZE_HELPERS}

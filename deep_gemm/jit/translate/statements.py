@@ -139,16 +139,15 @@ class Statements:
             ctype = CType("int", ctype.np)
         if ctype.kind == "int" and not is_constexpr and _numba_may_type_as_literal(code):
             code = f"np.int64({strip_parens(code)})"
-        if self.borrowed_allocation(name, code, decl):
-            pass
-        else:
+        if not self.borrowed_allocation(name, code, decl):
             self.emit(f"{name} = {strip_parens(code)}", decl)
         self.define(name, ctype, is_const, decl)
         if is_constexpr:
             self.func.const_values[name] = self.evaluate(code, value_node, f"constexpr {name}")
 
     def borrowed_allocation(self, name: str, code: str, decl: Node) -> bool:
-        """In a mixed kernel's sub-core generator, ``LocalTensor<T> name = AllocTensor<T>(...)`` becomes an owner
+        """In a mixed kernel's sub-core body, ``LocalTensor<T> name = AllocTensor<T>(...)`` whose size is known only
+        at run time (constant sizes take the local memory instead: mixed.py local_allocation) becomes an owner
         (``_dg_own_<name>``, the allocation) and ``name``, a borrowed view of it (crosscore.borrow: no reference
         count), which is what the body addresses; the owner is named again where the C++ scope ends
         (crosscore.keep_alive, pop_scope), so it lives as long as anything can address the view. True when emitted.
