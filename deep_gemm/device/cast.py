@@ -19,7 +19,7 @@ from ._bits import bits_to_f32, decode_bf16, decode_e4m3, f32_to_bits
 from .cube import _data_ptr, _ptr_add
 from .cube_fma import LANES
 from .fixpipe import _round_bf16_lanes
-from .vector import _row_step, _unit_cols, as_rows, check_count, check_same_shape
+from .vector import _relu, _row_step, _unit_cols, as_rows, check_count, check_same_shape
 from .vector_rows import row_square_sums_f32
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
@@ -228,14 +228,18 @@ def _head_sum_operands_impl(dst, src, scale, weights):
 
 
 @njit(cache=True, inline="always")
+def _scaled_relu(v, scale):
+    """A widened score times its key's scale (rounded), ReLU'd with Relu's rule (below zero gives +0.0; NaN, -0.0
+    pass)."""
+    return _relu(v * scale, np.float32(0.0))
+
+
+@njit(cache=True, inline="always")
 def _head_value(q, psc, j, scaled):
-    """One score of the head sum as fp32: the bf16 bits widened (exact), and with ``scaled`` times the key's scale
-    (rounded) and ReLU'd (Relu's rule: below zero gives +0.0, NaN and -0.0 pass)."""
+    """Score j of the head row at ``q`` as fp32: the bf16 bits widened (exact), with ``scaled`` _scaled_relu'd by
+    psc[j] (the scale is read only then)."""
     v = decode_bf16(q[j])
-    if scaled:
-        v = v * psc[j]
-        v = np.float32(0.0) if v < np.float32(0.0) else v
-    return v
+    return _scaled_relu(v, psc[j]) if scaled else v
 
 
 @njit(cache=True, inline="always")
@@ -283,10 +287,7 @@ def _axpy_rows(dst, src, scale, weights, count, scaled):
     for j in range(count):
         acc = np.float32(0.0)
         for h in range(rows):
-            v = decode_bf16(s[h, j])
-            if scaled:
-                v = v * sc[0, j]
-                v = np.float32(0.0) if v < np.float32(0.0) else v
+            v = _scaled_relu(decode_bf16(s[h, j]), sc[0, j]) if scaled else decode_bf16(s[h, j])
             acc = v * w[0, 0] if h == 0 else acc + v * w[0, h]
         d[0, j] = acc
 

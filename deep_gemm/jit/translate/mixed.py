@@ -15,6 +15,8 @@ that is checked when the core ends (device/synccheck.py).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from tree_sitter import Node
 
@@ -36,6 +38,14 @@ MIXED_BUILTINS = ("GetSubBlockIdx", "CrossCoreSetFlag", "CrossCoreWaitFlag", "UB
 MIXED_IDENTIFIERS = {"ASCENDISAIC": f"({SUB} == 0)", "ASCENDISAIV": f"({SUB} != 0)"}
 SYNC_CALLS = ("SetFlag", "WaitFlag", "PipeBarrier")
 DEFAULT_UB_BYTES = 253952
+
+
+@functools.cache
+def _local_size_helpers() -> dict[str, object]:
+    """LOCAL_SIZE_HELPERS as plain Python (their py_func) for the translator's constant evaluation."""
+    from ...device import cube
+
+    return {name: getattr(cube, name).py_func for name in LOCAL_SIZE_HELPERS}
 
 
 class MixedKernels:
@@ -127,13 +137,10 @@ class MixedKernels:
         atomically for each view: per MAD in an AIC's loops, 13% of a small HC pre-norm call) and allocated per
         logical core; a borrowed view of an owner kept alive in the generator (borrowed_allocation, still the form of
         run-time sizes) grew its state: the HC kernel's cold compile took 0.2-0.3 s longer."""
-        from ...device import cube
-
-        helpers = {name: getattr(cube, name).py_func for name in LOCAL_SIZE_HELPERS}
         sizes = []
         for code in dims:
             try:
-                value = self.evaluate(code, node, "AllocTensor size", helpers)
+                value = self.evaluate(code, node, "AllocTensor size", _local_size_helpers())
             except TranslateError:
                 return None
             if not isinstance(value, (int, np.integer)) or value < 0:
