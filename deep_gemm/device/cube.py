@@ -39,11 +39,13 @@ from .cube_amx import (
     _amx_block,
     _amx_load_config,
     _copy16_bf16,
+    _copy32_bf16,
     _ptr_as_f32,
     _ptr_as_u16,
     _round_up,
     _to_bf16_bits,
     _vnni16x32,
+    _vnni16x32_e8,
     _vnni16x32_unscaled,
 )
 from .cube_dpbf16 import DPBF16_SUPPORTED, _mmad_dpbf16_core
@@ -236,17 +238,20 @@ def _load_b_core(pd, ps, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k, with
 def _load_a_bf16_core(pd, ps, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with_sf):
     """bf16 L0A: pd[i * kp + kk] = bf16(L1[row0 + i, k0 + kk] * scale), kp = round_up(mad_k, 32), K pad zero."""
     kp = _round_up(mad_k, AMX_K)
-    kw = 0 if cs != 1 or k0 % 16 != 0 else mad_k - mad_k % 16
+    # NOTES: whole 32-K steps through _copy32_bf16 where each sits in one scale block, then 16 at a time where a
+    # 16-chunk does, then element by element
+    kw = 0 if cs != 1 or (with_sf and k0 % 32 != 0) else mad_k - mad_k % 32
+    kh = kw if cs != 1 or k0 % 16 != 0 else mad_k - mad_k % 16
     for i in range(mad_m):
         row = row0 + i
         src = _ptr_add(ps, row * ld + k0 * cs)
         dst = _ptr_add(pd, i * kp)
-        s = np.float32(1.0)
-        for kk in range(0, kw, 16):
-            if with_sf and (kk == 0 or (k0 + kk) % 32 == 0):
-                s = _sf_scale(psf, sf_rs, sf_cs, row, k0 + kk, with_sf)
-            _copy16_bf16(_ptr_add(dst, kk), _ptr_add(src, kk), s)
-        for kk in range(kw, mad_k):
+        for kk in range(0, kw, 32):
+            e = psf[row * sf_rs + ((k0 + kk) // 32) * sf_cs] if with_sf else np.uint8(127)
+            _copy32_bf16(_ptr_add(dst, kk), _ptr_add(src, kk), e, UE8M0_SCALES[e])
+        for kk in range(kw, kh, 16):
+            _copy16_bf16(_ptr_add(dst, kk), _ptr_add(src, kk), _sf_scale(psf, sf_rs, sf_cs, row, k0 + kk, with_sf))
+        for kk in range(kh, mad_k):
             dst[kk] = _to_bf16_bits(_l1_to_f32(src[kk * cs]) * _sf_scale(psf, sf_rs, sf_cs, row, k0 + kk, with_sf))
         for kk in range(mad_k, kp):
             dst[kk] = 0
@@ -269,6 +274,9 @@ def _load_b_bf16_core(pd, ps, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_n, mad_k,
         for kk in range(0, kv, AMX_K):
             src = _ptr_add(ps, (row0 + r0) * ld + k0 + kk)
             if with_sf:
+                if _vnni16x32_e8(_ptr_add(panel, kk * AMX_T), src, ld,
+                                 _ptr_add(psf, (row0 + r0) * sf_rs + ((k0 + kk) // 32) * sf_cs), sf_rs):
+                    continue
                 for j in range(AMX_T):
                     scales[j] = _sf_scale(psf, sf_rs, sf_cs, row0 + r0 + j, k0 + kk, with_sf)
                 _vnni16x32(_ptr_add(panel, kk * AMX_T), src, ld, psc)

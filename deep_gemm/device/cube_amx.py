@@ -41,6 +41,7 @@ apply_numba_settings()
 AMX_T = 16  # tile rows (M, and pair rows of B) and fp32 columns of C
 AMX_K = 32  # bf16 K per tile step (64-byte tile rows)
 _I8 = ir.IntType(8)
+_I1 = ir.IntType(1)
 _I16 = ir.IntType(16)
 _I64 = ir.IntType(64)
 _P8 = _I8.as_pointer()
@@ -117,23 +118,32 @@ def _i16v(values):
     return ir.Constant(ir.VectorType(_I16, 32), list(values) if isinstance(values, (list, tuple)) else [values] * 32)
 
 
+def _e4m3_bf16_table() -> list[int]:
+    """The unscaled, unsigned bf16 bits of e4m3 codes 0..127: 0, the seven subnormals, the normals, 0x7FC0 (NaN)."""
+    return ([0] + _E4M3_SUBNORMAL_BF16[1:] + [(low << 4) + (120 << 7) for low in range(8, 127)] + [0x7FC0])
+
+
+_E4M3_BF16_TABLE = _e4m3_bf16_table()
+
+
 def _e4m3_to_bf16(builder, raw, shift):
     """<32 x i8> e4m3 codes -> <32 x i16> bf16 bits, the exponent field raised by ``shift`` (an i16 value, s << 7;
-    None: unscaled)."""
+    None: unscaled). The low 7 bits index a 128-entry word table (two 2-register word permutes, picked by bit 6),
+    the shift is added to every code but zero and NaN, and bit 7 becomes the sign."""
     vty = ir.VectorType(_I16, 32)
-    permw = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty, vty]),
-                                           "llvm.x86.avx512.permvar.hi.512")
+    permi2w = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty, vty, vty]),
+                                             "llvm.x86.avx512.vpermi2var.hi.512")
     c = builder.zext(raw, vty)
-    low = builder.and_(c, _i16v(0x7F))
-    normal = builder.add(builder.shl(low, _i16v(4)), _i16v(120 << 7))
-    sub = builder.call(permw, [_i16v(_E4M3_SUBNORMAL_BF16 * 4), builder.and_(low, _i16v(7))])
-    bits = builder.select(builder.icmp_unsigned("<", low, _i16v(8)), sub, normal)
-    nan = builder.icmp_unsigned("==", low, _i16v(0x7F))
+    tab = [_i16v(_E4M3_BF16_TABLE[32 * t:32 * t + 32]) for t in range(4)]
+    # NOTES: the permutes read only the index's low 6 bits, so the code goes in as it is (sign bit included)
+    lo = builder.call(permi2w, [tab[0], c, tab[1]])
+    hi = builder.call(permi2w, [tab[2], c, tab[3]])
+    bits = builder.select(builder.icmp_unsigned("!=", builder.and_(c, _i16v(0x40)), _i16v(0)), hi, lo)
     if shift is not None:
-        special = builder.or_(nan, builder.icmp_unsigned("==", low, _i16v(0)))
-        bits = builder.select(special, bits, builder.add(bits, _splat(builder, shift, vty)))
-    bits = builder.select(nan, _i16v(0x7FC0), bits)
-    return builder.or_(bits, builder.shl(builder.and_(c, _i16v(0x80)), _i16v(8)))
+        # zero (0) and NaN (0x7FC0) keep their bits: every other entry lies in [0x3B00, 0x43E0]
+        finite = builder.icmp_unsigned("<", builder.sub(bits, _i16v(1)), _i16v(0x7000))
+        bits = builder.select(finite, builder.add(bits, _splat(builder, shift, vty)), bits)
+    return builder.or_(bits, builder.and_(builder.shl(c, _i16v(8)), _i16v(0x8000)))
 
 
 def _e4m3_rows_bf16(builder, sp, ss, shifts):
@@ -166,6 +176,51 @@ def _copy16_bf16(typingctx, dst, src, scale):
     if not (isinstance(dst, types.CPointer) and dst.dtype == types.uint16 and _is_l1_ptr(src)):
         return None
     return types.void(dst, src, types.float32), codegen
+
+
+def _fp32_path_bf16(context, builder, src_type, d, s, offset, scale):
+    """16 L1 elements at s + offset decoded to fp32, times ``scale`` (a float), cut to bf16 and stored at d + offset."""
+    v16 = ir.VectorType(_F32, 16)
+    v = builder.fmul(_load8(context, builder, src_type, s, offset, lanes=16), _splat(builder, scale, v16))
+    builder.store(_to_bf16(builder, v), _vec_ptr(builder, d, offset, ir.VectorType(_I16, 16)), align=2)
+
+
+def _shift_in_range(builder, e):
+    """(i1: whether UE8M0 exponent e (an i32) lets the 16-bit decode apply its scale, i16: (e - 127) << 7)."""
+    inside = builder.icmp_unsigned("<=", builder.sub(e, ir.Constant(_I32, E4M3_SCALE_LO)),
+                                   ir.Constant(_I32, E4M3_SCALE_HI - E4M3_SCALE_LO))
+    return inside, builder.trunc(builder.shl(builder.sub(e, ir.Constant(_I32, 127)), ir.Constant(_I32, 7)), _I16)
+
+
+@intrinsic
+def _copy32_bf16(typingctx, dst, src, exponent, scale):
+    """dst[0:32] = bf16(value(src[0:32]) * scale), scale = 2^(exponent - 127) (the caller passes both: the UE8M0
+    byte as an integer and its fp32 value). FP8 codes go straight to bf16 bits in 16-bit lanes (see _LUT_DECODE)
+    when the exponent is inside the decode's range; otherwise, and for other L1 types, two fp32-path halves."""
+
+    def codegen(context, builder, signature, args):
+        d, s, e, sc = args
+        zero, half = ir.Constant(_I64, 0), ir.Constant(_I64, 16)
+        src_type = signature.args[1]
+        if not (_LUT_DECODE and src_type.dtype == types.uint8):
+            _fp32_path_bf16(context, builder, src_type, d, s, zero, sc)
+            _fp32_path_bf16(context, builder, src_type, d, s, half, sc)
+            return context.get_dummy_value()
+        # NOTES: the 16-bit decode runs whatever the exponent (its result overwritten where it is out of range), so
+        # it sits in a block every call executes and LLVM keeps its tables in registers across a caller's loop (in
+        # a branch they were reloaded from the constant pool per call: a 64 x 256 L0A load 1.0 -> 0.8 us)
+        inside, shift = _shift_in_range(builder, context.cast(builder, e, signature.args[2], types.int32))
+        raw = builder.load(_vec_ptr(builder, s, zero, ir.VectorType(_I8, 32)), align=1)
+        builder.store(_e4m3_to_bf16(builder, raw, shift), _vec_ptr(builder, d, zero, ir.VectorType(_I16, 32)), align=2)
+        with builder.if_then(builder.not_(inside), likely=False):
+            _fp32_path_bf16(context, builder, src_type, d, s, zero, sc)
+            _fp32_path_bf16(context, builder, src_type, d, s, half, sc)
+        return context.get_dummy_value()
+
+    if not (isinstance(dst, types.CPointer) and dst.dtype == types.uint16 and _is_l1_ptr(src)
+            and isinstance(exponent, types.Integer)):
+        return None
+    return types.void(dst, src, exponent, types.float32), codegen
 
 
 @intrinsic
@@ -238,6 +293,37 @@ def _vnni_codegen(scaled: bool):
         return context.get_dummy_value()
 
     return codegen
+
+
+@intrinsic
+def _vnni16x32_e8(typingctx, dst, src, src_stride, exponents, exp_stride):
+    """_vnni16x32 with row r's scale 2^(e - 127), e the UE8M0 byte at exponents + r * exp_stride, when the 16-bit
+    FP8 decode applies: every e inside its range and L1 holding FP8 codes. Returns whether it did the step (False:
+    the caller redoes it on the fp32 path; what was written is not the step's value)."""
+    if not (isinstance(dst, types.CPointer) and dst.dtype == types.uint16 and _is_l1_ptr(src)
+            and isinstance(exponents, types.CPointer) and exponents.dtype == types.uint8):
+        return None
+
+    def codegen(context, builder, signature, args):
+        if not (_LUT_DECODE and signature.args[1].dtype == types.uint8):
+            return ir.Constant(_I1, 0)
+        d, sp, pe = args[0], args[1], args[3]
+        ss = _as_intp(context, builder, args[2], signature.args[2])
+        es = _as_intp(context, builder, args[4], signature.args[4])
+        inside, shifts = ir.Constant(_I1, 1), []
+        for r in range(16):
+            e = builder.zext(builder.load(builder.gep(pe, [builder.mul(es, ir.Constant(es.type, r))])), _I32)
+            ok, shift = _shift_in_range(builder, e)
+            inside = builder.and_(inside, ok)
+            shifts.append(shift)
+        # NOTES: the step is decoded and stored whatever the exponents (the caller overwrites it when one is out of
+        # range), so the decode's tables stay in registers across the caller's loop (see _copy32_bf16)
+        rows = _transpose_square(builder, _e4m3_rows_bf16(builder, sp, ss, shifts))
+        for p in range(16):
+            builder.store(rows[p], _vec_ptr(builder, d, ir.Constant(_I64, 32 * p), ir.VectorType(_I32, 16)), align=2)
+        return inside
+
+    return types.boolean(dst, src, src_stride, exponents, exp_stride), codegen
 
 
 @intrinsic

@@ -355,8 +355,8 @@ def test_bf16_l0_layouts(rng, l0_dtype):
 @pytest.mark.parametrize("operand", ["a", "b"])
 @pytest.mark.parametrize("exponents", [(0, 1, 9, 10), (11, 120, 127, 134), (245, 246, 247, 254), (255, 127, 10, 246)])
 def test_fp8_bf16_l0_bits_for_every_code_and_scale(l0_dtype, operand, exponents):
-    # Every e4m3 code in every row under UE8M0 scales at and past the edges of the B loads' 16-bit decode (a 16-row
-    # step with a scale outside its range takes the fp32 path; A's loads always do): the L0 bits are the high halves
+    # Every e4m3 code in every row under UE8M0 scales at and past the edges of the 16-bit decode (a 16-row B step or
+    # a 32-K A step with a scale outside its range takes the fp32 path): the L0 bits are the high halves
     # of fp32(value) * fp32(scale), what the fp32 path computes, either way. One exponent for every row (each of the
     # four), then rows mixing them (each 32-K block shifts which row has which).
     import ml_dtypes
@@ -390,6 +390,33 @@ def test_fp8_bf16_l0_bits_for_every_code_and_scale(l0_dtype, operand, exponents)
         cube.load_l0b(l0, codes, sf, 0, 0, rows, k, False)
         got = l0.view(np.uint16)[: k * rows].reshape(k // 2, rows, 2).transpose(1, 0, 2).reshape(rows, k)
     np.testing.assert_array_equal(got, (values.view(np.uint32) >> np.uint32(16)).astype(np.uint16))
+
+
+@pytest.mark.parametrize("l0_dtype", BF16_UNITS)
+@pytest.mark.parametrize("k0, mad_k", [(0, 48), (16, 64), (8, 40), (32, 16), (16, 56), (0, 8)])
+def test_fp8_bf16_l0_bits_off_the_32k_grid(rng, l0_dtype, k0, mad_k):
+    # K offsets and lengths that are not whole 32-K steps: the loads split each row into 32-K steps, 16-K chunks and
+    # single elements, every piece with its own block's scale (exponents on both sides of the 16-bit decode's range).
+    import ml_dtypes
+
+    rows, block_k = 16, 128
+    codes = rng.integers(0, 256, size=(rows, block_k), dtype=np.uint8)
+    sf = rng.choice(np.array([5, 100, 127, 133, 250], dtype=np.uint8), size=(rows, block_k // 32))
+    values = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    factor = cube.UE8M0_SCALES[np.repeat(sf, 32, axis=1)]
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = ((values * factor).view(np.uint32) >> np.uint32(16)).astype(np.uint16)[:, k0:k0 + mad_k]
+    kp = (mad_k + 31) // 32 * 32
+    l0 = np.full(cube.l0a_size(rows, mad_k), 0xFFFF, dtype=np.uint16).view(l0_dtype)
+    cube.load_l0a(l0, codes, sf, 0, k0, rows, mad_k, True)
+    got = l0.view(np.uint16)[: rows * kp].reshape(rows, kp)
+    np.testing.assert_array_equal(got[:, :mad_k], want)
+    assert not got[:, mad_k:].any()
+    l0 = np.full(cube.l0b_size(rows, mad_k), 0xFFFF, dtype=np.uint16).view(l0_dtype)
+    cube.load_l0b(l0, codes, sf, 0, k0, rows, mad_k, True)
+    got = l0.view(np.uint16)[: kp * rows].reshape(kp // 2, rows, 2).transpose(1, 0, 2).reshape(rows, kp)
+    np.testing.assert_array_equal(got[:, :mad_k], want)
+    assert not got[:, mad_k:].any()
 
 
 @pytest.mark.parametrize("l0_dtype", BF16_UNITS)
