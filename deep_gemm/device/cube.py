@@ -154,6 +154,18 @@ def _sf_scale(psf, sf_rs, sf_cs, row, k, with_sf):
 @njit(cache=True)
 def _load_a_core(pd, ps, ld, cs, psf, sf_rs, sf_cs, row0, k0, mad_m, mad_k, with_sf):
     """L0A[i * mad_k + kk] = L1[row0 + i, k0 + kk] * scale, L1 element (r, c) at ps[r * ld + c * cs]."""
+    if not with_sf and cs == 1:
+        # NOTES: unscaled: 16-wide chunks with no scale test (the loop below tests for a new scale per chunk: 76 ps
+        # an element on a 64 x 64 fp32 tile, the HC pre-norm GEMM's L0A), then element by element
+        kw = mad_k - mad_k % 16
+        for i in range(mad_m):
+            src = _ptr_add(ps, (row0 + i) * ld + k0)
+            dst = _ptr_add(pd, i * mad_k)
+            for kk in range(0, kw, 16):
+                _copy16_scaled(_ptr_add(dst, kk), _ptr_add(src, kk), np.float32(1.0))
+            for kk in range(kw, mad_k):
+                dst[kk] = _l1_to_f32(src[kk]) * np.float32(1.0)
+        return
     # NOTES: the 8-wide vector path needs unit K stride and, with scales, no 32-K block straddling 8 columns.
     kv = 0 if cs != 1 or (with_sf and k0 % 8 != 0) else mad_k - mad_k % 8
     # NOTES: 16 lanes at a time where a 16-chunk never straddles a 32-K scale block (k0 % 16 == 0), then 8
