@@ -90,6 +90,27 @@ def launcher_mode() -> str:
 CORE_COUNTER_TYPE_NAME = "array(int64, 1d, C)"
 
 
+_pools = threading.local()
+
+
+def cross_pool(ub_bytes: int):
+    """The calling thread's pool of cross-core states for mixed kernels whose AIVs have ``ub_bytes`` of UB: a row per
+    launch thread (deep_gemm.device.crosscore.new_cross_pool), kept across launches. A Python thread runs one launch
+    at a time, so no two launches use a row at once; a launch on more threads than rows gives the others new states.
+    """
+    pools = getattr(_pools, "by_size", None)
+    if pools is None:
+        pools = _pools.by_size = {}
+    from .launch import num_threads
+
+    pool, rows = pools.get(ub_bytes), num_threads()
+    if pool is None or pool.shape[0] < rows:
+        from ..device.crosscore import new_cross_pool
+
+        pool = pools[ub_bytes] = new_cross_pool(rows, ub_bytes)
+    return pool
+
+
 class EntryFunction:
     """The numba dispatcher that runs a kernel, seen with the kernel's own signature (the threads launcher's
     trailing core counter is added here): ``compile(sig)``, ``stats``, ``dispatcher``."""
@@ -157,8 +178,15 @@ class CompiledKernel:
         self._phase_fns: list[EntryFunction] | None = None
         self.signature = EntrySignature.from_abi(name, meta["params"], entry=self.entry)
         bind = self.signature.bind
-        # NOTES: every launch entry takes the call's cancel flag as a hidden trailing argument (jit/interrupt.py).
-        self._bind = lambda args, kwargs: (*bind(args, kwargs), interrupt.cancel_flag())
+        # NOTES: every launch entry takes the call's cancel flag as a hidden trailing argument (jit/interrupt.py);
+        # a mixed kernel's entry takes the calling thread's pool of cross-core states before it (cross_pool).
+        if meta.get("is_mixed"):
+            ub_bytes = int(meta["ub_bytes"])
+            self._bind = lambda args, kwargs: (*bind(args, kwargs), cross_pool(ub_bytes), interrupt.cancel_flag())
+            self._num_hidden = 2
+        else:
+            self._bind = lambda args, kwargs: (*bind(args, kwargs), interrupt.cancel_flag())
+            self._num_hidden = 1
         self._call = self._first_call
         # Native code (native.py): the loaded library when the entry has one for this target; ``native_writable``:
         # this process may build one into the entry after numba compiled (or loaded) the entry function.
@@ -437,15 +465,17 @@ class CompiledKernel:
     def _compile_error(self, e: Exception, args) -> CompileError:
         kept = (f"kernel.asc and kernel.py are kept in {self.path}" if self.path is not None else
                 "the kernel was built in memory (the cache could not be written)")
-        return CompileError(f"numba failed to compile {self.entry} for ({_signature(args[:-1])}):\n"
+        return CompileError(f"numba failed to compile {self.entry} for ({_signature(args[:-self._num_hidden])}):\n"
                             f"{_first_lines(str(e), 40)}\n{kept}\n"
                             f"reproduce: {self.repro_command(args)}", kernel=self.name, key=self.digest)
 
     def repro_command(self, args=()) -> str:
         if self.path is None:
             return "rerun with DG_JIT_CACHE_DIR set to a writable directory, then use the command printed there"
-        # NOTES: the last bound argument is the hidden cancel flag, which dump adds itself
-        sig = f' --compile "({_signature(args[:-1])})"' if args[:-1] else ""
+        # NOTES: the last bound arguments are the hidden ones (the cancel flag, a mixed kernel's pool before it),
+        # which dump adds itself
+        shown = args[:-self._num_hidden]
+        sig = f' --compile "({_signature(shown)})"' if shown else ""
         return f"{cache.python_command()} -m deep_gemm.jit.dump --entry {self.path}{sig}"
 
     def __repr__(self) -> str:

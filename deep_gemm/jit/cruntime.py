@@ -109,8 +109,9 @@ def _cancel_requested_impl(flag):
 
 
 # -- Core claiming -------------------------------------------------------------------------------------------------
-# NOTES: every threads-launcher entry takes a second hidden trailing argument, the launch's int64[2] core counter
-# (jit/launch.py: one per launch, zeros at the start): [0] the logical cores claimed, [1] the entry calls finished.
+# NOTES: every threads-launcher entry takes a second hidden trailing argument, the launch's int64[3] core counter
+# (jit/launch.py: one per launch, zeros at the start): [0] the logical cores claimed, [1] the entry calls finished,
+# [2] the entry calls started (claim_slot: each call's own slot, for per-thread state kept across launches).
 # Each thread running the entry claims the next unclaimed core with an atomic add until all NUM_AI_CORES are taken,
 # so a thread that starts late (a woken worker) takes only what is left and the caller never waits for it to start.
 # A core's result never depends on which thread ran it (each core starts from its own state), so the claim order
@@ -154,7 +155,18 @@ def _atomic_increment(slot: int, ordering: str):
 
 
 _claim_next = _atomic_increment(0, "monotonic")
+_claim_slot = _atomic_increment(2, "monotonic")
 _count_finished = _atomic_increment(1, "release")
+
+
+def claim_slot(counter) -> int:
+    """This entry call's slot of the launch (0, 1, ... in the order the calls start): counter[2] before an atomic
+    increment; -1 for a counter without that element. Mixed kernels pick their thread's cross-core state by it."""
+    if len(counter) < 3:
+        return -1
+    slot = int(counter[2])
+    counter[2] = slot + 1
+    return slot
 
 
 @overload(claim_core)
@@ -170,4 +182,14 @@ def _finish_part_impl(counter):
     def impl(counter):
         _count_finished(counter)
 
+    return impl
+
+
+@overload(claim_slot)
+def _claim_slot_impl(counter):
+    if not _is_counter(counter):
+        return None
+
+    def impl(counter):
+        return _claim_slot(counter) if counter.shape[0] >= 3 else -1
     return impl

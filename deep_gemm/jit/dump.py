@@ -77,8 +77,10 @@ def dump_entry(args) -> int:
             from numba import types
             from numba.core import sigutils
 
-            # NOTES: the entry's hidden trailing argument, the launch's cancel flag (jit/interrupt.py)
-            sig = (*sigutils.normalize_signature(args.compile)[0], types.Array(types.uint8, 1, "C"))
+            # NOTES: the entry's hidden trailing arguments: a mixed kernel's pool of cross-core states
+            # (compiled_kernel.cross_pool), the launch's cancel flag (jit/interrupt.py)
+            pool = (types.Array(types.uint8, 2, "C"),) if meta.get("is_mixed") else ()
+            sig = (*sigutils.normalize_signature(args.compile)[0], *pool, types.Array(types.uint8, 1, "C"))
             fn.compile(sig)  # raises numba's own error, with its full traceback
             print(f"compiled {name}{args.compile}: {fn.stats}")
     return 0

@@ -1,7 +1,7 @@
 """Run a translated kernel over its logical AI cores on the CPU threads: a tiny persistent worker pool.
 
 The kernel entry is a ``nogil`` numba function ``entry(*args, cores)`` that runs logical cores one after the other,
-each claimed from ``cores`` (the launch's int64[2] counter, jit/cruntime.py claim_core) until every core is claimed,
+each claimed from ``cores`` (the launch's int64[3] counter, jit/cruntime.py claim_core) until every core is claimed,
 and then counts itself finished in ``cores[1]``. A launch on T threads is one job of T parts, each one call of the
 entry; the calling thread starts at once and the pool's workers join as they wake, so a worker that wakes late finds
 less (or nothing) left and the caller never waits for it to start. Once its own calls are done the caller watches
@@ -73,8 +73,8 @@ _WATCH_S = 100e-6
 
 def _core_counter() -> np.ndarray:
     """A launch's core counter (the entry's hidden trailing argument): [0] logical cores claimed, [1] entry calls
-    finished; zeros."""
-    return np.zeros(2, np.int64)
+    finished, [2] entry calls started (jit/cruntime.py claim_slot); zeros."""
+    return np.zeros(3, np.int64)
 
 
 class _Job:

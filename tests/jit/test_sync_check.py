@@ -25,7 +25,10 @@ def run_checked(body: str, params: str = "GlobalTensor<float> x", args=None, hel
     namespace: dict = {}
     exec(compile(python, "<checked kernel>", "exec"), namespace)
     args = args if args is not None else (np.zeros(4, np.float32),)
-    namespace["k"](*args, np.zeros(1, np.uint8), np.zeros(2, np.int64))  # the hidden cancel flag and core counter
+    # the hidden arguments: a mixed kernel's pool of cross-core states (empty: each launch thread makes its own), the
+    # cancel flag, the core counter
+    pool = (np.zeros((0, 0), np.uint8),) if translation.is_mixed else ()
+    namespace["k"](*args, *pool, np.zeros(1, np.uint8), np.zeros(3, np.int64))
     return args
 
 

@@ -344,3 +344,42 @@ def test_a_phase_without_waits_runs_its_sub_cores_as_functions():
     assert decorator == "njit(cache=True)"
     core = ast.unparse(functions["_k_core_p1"])
     assert "next(" not in core and [f"np.int64({s})" in core for s in range(3)] == [True] * 3
+
+
+POOL_PROBE = """constexpr int32_t NUM_AI_CORES = 4;
+extern "C" __global__ __aicore__ void pool_probe(GlobalTensor<float> x, int32_t write) {
+    if ASCEND_IS_AIV {
+        auto t = UBTensor<float>(GetSubBlockIdx(), 64, 1, 8);
+        DataCopyPad(x, t, (GetBlockIdx() * 2 + GetSubBlockIdx()) * 8, 8, 1, 8, 0.0f);
+        if (write != 0) {
+            Duplicate(t, 5.0f, 8);
+        }
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cross_core_state_is_kept_across_launches_and_each_core_starts_clean(tmp_path, monkeypatch, threads):
+    """A launch thread's cross-core state (flags, UBs) lives in the calling thread's pool (compiled_kernel.cross_pool)
+    and outlives the launch, yet every logical core starts from a clean one: a UB value one core leaves is zero for
+    the next core of the part and for the next launch."""
+    from deep_gemm.device.crosscore import cross_pool_row_bytes
+    from deep_gemm.jit.compiled_kernel import cross_pool
+    from deep_gemm.jit.translate.mixed import DEFAULT_UB_BYTES
+
+    monkeypatch.setattr(numba, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(numba.config, "NUMBA_NUM_THREADS", threads)
+    (tmp_path / "pool_probe.asc.j2").write_text(POOL_PROBE)
+    kernel = build("pool_probe", {"NUM_AI_CORES": 4}, template_dir=tmp_path)
+    assert kernel.meta["ub_bytes"] == DEFAULT_UB_BYTES
+    pool = cross_pool(DEFAULT_UB_BYTES)
+    assert pool.shape[0] >= threads and pool.shape[1] == cross_pool_row_bytes(DEFAULT_UB_BYTES)
+    for write in (1, 1, 0):
+        x = np.full(64, np.nan, np.float32)
+        kernel(x, write)
+        np.testing.assert_array_equal(x, np.zeros(64, np.float32))  # never a value another core or launch wrote
+    assert cross_pool(DEFAULT_UB_BYTES) is pool
+    kernel(np.zeros(64, np.float32), 1)
+    # the pool is the memory the launches used: the last core of each launch thread left its UB values in its row
+    assert (pool.view(np.float32) == 5).sum() >= 16

@@ -8,9 +8,12 @@ from dataclasses import dataclass
 from tree_sitter import Node
 
 # The hidden trailing parameters of every launch entry: the launch's cancel flag (uint8[1]) and, for the threads
-# launcher, its core counter (int64[2]: cores claimed, entry calls finished); jit/cruntime.py.
+# launcher, its core counter (int64[3]: cores claimed, entry calls finished, entry calls started); jit/cruntime.py.
 CANCEL = "_dg_cancel"
 CORES = "_dg_cores"
+# A mixed kernel's hidden parameter before the cancel flag: the calling thread's pool of cross-core states (uint8
+# [threads, bytes], deep_gemm.device.crosscore.new_cross_pool), which outlives the launch.
+POOL = "_dg_pool"
 # The head of a threads-launcher loop (`while True:`): claim the launch's next logical core (cruntime.claim_core);
 # stop once every core is claimed or the call is cancelled. After the loop the entry counts itself finished.
 CLAIM_CORE = (f"_block_idx = claim_core({CORES})\n"
@@ -32,6 +35,7 @@ class Translation:
     # Launch entries in order: [entry] for most kernels, [entry_p0, entry_p1, ...] when SyncAll() splits the kernel
     phases: tuple = ()
     is_mixed: bool = False  # AIC + AIV sub-cores (translate/mixed.py)
+    ub_bytes: int = 0  # a mixed kernel's UB bytes per AIV (its pool of cross-core states is sized by it)
 
 
 
@@ -94,7 +98,7 @@ class Emitter:
             "",
             "apply_numba_settings()",
             "",
-            ("from deep_gemm.jit.cruntime import c_div, c_mod, cancel_requested, claim_core, finish_part"
+            ("from deep_gemm.jit.cruntime import c_div, c_mod, cancel_requested, claim_core, claim_slot, finish_part"
              "  # noqa: E402,F401"),
         ]
         if self.used_device:
@@ -116,4 +120,4 @@ class Emitter:
         helpers = [name for name, sig in self.functions.items() if not sig.is_entry]
         phases = tuple(getattr(self, "phase_entries", None) or (self.entry.name,))
         return Translation(python, self.entry.name, helpers, sorted(self.used_device), dict(self.module_values),
-                           self.entry.abi, phases, self.is_mixed)
+                           self.entry.abi, phases, self.is_mixed, self.ub_bytes() if self.is_mixed else 0)

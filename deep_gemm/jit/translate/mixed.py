@@ -23,7 +23,7 @@ from tree_sitter import Node
 from .. import enums
 from ..errors import TranslateError
 from .ctype import BOOL, UNKNOWN, VOID, CType, Expr, int_value
-from .emitter import CANCEL, CORES
+from .emitter import CANCEL, CORES, POOL
 
 # Hidden names of the generated code (template identifiers may not start with _dg)
 SUB = "_dg_sub"
@@ -329,13 +329,14 @@ class MixedKernels:
             phase_names.append(entry)
             self.emit("", None)
             self.emit("@njit(nogil=True, cache=True)", node)
-            self.emit(f"def {entry}({', '.join([*params, CANCEL, CORES])}):", node)
+            self.emit(f"def {entry}({', '.join([*params, *self.entry_hidden_params(), CORES])}):", node)
             self.indent += 1
             core_args = ["_block_idx", *args]
             if self.is_mixed:
-                # NOTES: one cross-core state per thread of a launch, reused (zeroed) by each core it claims: a fresh
-                # UB per core (2 x UB_BYTES, above glibc's mmap threshold) page-faulted in every call, ~0.3 ms a core.
-                self.emit(f"{CROSS} = new_cross_state({self.ub_bytes()})", node)
+                # NOTES: one cross-core state per thread of a launch, reused (reset) by each core it claims: a fresh
+                # UB per core (2 x UB_BYTES, above glibc's mmap threshold) page-faulted in every call, ~0.3 ms a core;
+                # and kept across launches in the caller's pool (a new one per launch zeroed both UBs every time)
+                self.emit(f"{CROSS} = cross_state_from_pool({POOL}, claim_slot({CORES}), {self.ub_bytes()})", node)
                 self.emit(self.local_memory(self.local_bytes), node)
                 core_args = ["_block_idx", CROSS, LOCAL, CANCEL, *args]
             self.emit_claim_loop(f"_{sig.name}_core{suffix}({', '.join(core_args)})", node)
@@ -343,7 +344,7 @@ class MixedKernels:
         self.phase_entries = phase_names
         self.emit("", None)
         self.emit("@njit(parallel=True, cache=True)", node)
-        self.emit(f"def {sig.name}_prange({', '.join([*params, CANCEL])}):", node)
+        self.emit(f"def {sig.name}_prange({', '.join([*params, *self.entry_hidden_params()])}):", node)
         self.indent += 1
         for index in range(len(self.phases)):
             suffix = f"_p{index}" if len(self.phases) > 1 else ""
@@ -422,6 +423,11 @@ class MixedKernels:
             self.emit("yield 0", node)
             self.indent -= 1
 
+    def entry_hidden_params(self) -> list[str]:
+        """The hidden parameters the kernel's caller adds (jit/compiled_kernel.py): the cross-core state pool of a
+        mixed kernel (the prange launcher ignores it), then the cancel flag."""
+        return [POOL, CANCEL] if self.is_mixed else [CANCEL]
+
     def ub_bytes(self) -> int:
         """One AIV's UB bytes: the kernel's UB_BYTES constant, else the default."""
         return int(self.module_values.get("UB_BYTES", DEFAULT_UB_BYTES))
@@ -454,7 +460,7 @@ class MixedKernels:
         for s in range(3):
             names = ['_block_idx', f'np.int64({s})', *CROSS.split(", "), LOCAL, *self.check_params(str(s)), *params]
             calls.append(f"_{sig.name}_subcore{suffix}({', '.join(lent(names))})")
-        self.used_runtime.update({"new_cross_state", "reset_cross_state", "borrow"})
+        self.used_runtime.update({"new_cross_state", "reset_cross_state", "borrow", "cross_state_from_pool"})
         if not self.subcore_generator:
             for call in calls:
                 self.emit(f"if cancel_requested({CANCEL}):", node)

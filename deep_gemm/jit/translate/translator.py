@@ -26,7 +26,7 @@ from .tree import TreeQueries, find_error_node, parse
 # Names the generated Python itself uses: a template identifier may not take them.
 RESERVED = frozenset(keyword.kwlist) | {
     "np", "njit", "prange", "range", "min", "max", "abs", "bool", "int", "float", "c_div", "c_mod", "_block_idx",
-    "apply_numba_settings", "claim_core", "finish_part", "_core",
+    "apply_numba_settings", "claim_core", "claim_slot", "finish_part", "_core",
 }
 
 
