@@ -386,6 +386,101 @@ def _masked_store(builder, value, ptr, mask):
     builder.call(fn, [value, ptr, ir.Constant(_I32, 4), mask])
 
 
+def _make_paired_tail_microkernel(pairs: int):
+    """The last, partial panel's micro-kernel when its columns are LANES + tail (1 <= tail <= LANES / 2), for 2 *
+    pairs rows, as an intrinsic ``up(kc, pa, lda, pb, pc, ldc, init, tail)`` with _make_microkernel's semantics.
+    Rows 2p and 2p + 1 share one accumulator for their last columns: lanes 0 .. LANES/2 - 1 hold row 2p's, the
+    rest row 2p + 1's (B's K step there is its LANES/2 tail columns twice, A's a broadcast of each row's element),
+    so each K step is 3 FMAs per row pair instead of 4, the masked layout's second vector being half idle. Every C
+    element still takes its FMAs in K order: the same bits. (The HC pre-norm GEMM's N = 24 runs here.)"""
+    vty = ir.VectorType(_F32, LANES)
+    half = LANES // 2
+    hty = ir.VectorType(_F32, half)
+
+    def codegen(context, builder, signature, args):
+        intp = context.get_value_type(types.intp)
+        const = lambda v: ir.Constant(intp, v)  # noqa: E731
+        kc = _as_intp(context, builder, args[0], signature.args[0])
+        pa, pb, pc = args[1], args[3], args[4]
+        lda = _as_intp(context, builder, args[2], signature.args[2])
+        ldc = _as_intp(context, builder, args[5], signature.args[5])
+        init = context.cast(builder, args[6], signature.args[6], types.boolean)
+        tail = builder.trunc(_as_intp(context, builder, args[7], signature.args[7]), _I32)
+        fma = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vty, [vty, vty, vty]), f"llvm.fma.v{LANES}f32"
+        )
+        iota = ir.Constant(ir.VectorType(_I32, half), list(range(half)))
+        mask = builder.icmp_unsigned("<", iota, _splat(builder, tail, ir.VectorType(_I32, half)))
+        zero, hzero = ir.Constant(vty, [0.0] * LANES), ir.Constant(hty, [0.0] * half)
+        both = list(range(LANES))
+
+        # Load (or zero) the C tile: per row its first LANES columns, per row pair the packed tail.
+        rows = 2 * pairs
+        full_ptrs, tail_ptrs, full0, pack0 = [], [], [], []
+        for i in range(rows):
+            row = builder.mul(ldc, const(i))
+            full_ptrs.append(_vec_ptr(builder, pc, row, vty))
+            tail_ptrs.append(_vec_ptr(builder, pc, builder.add(row, const(LANES)), hty))
+            full0.append(builder.select(init, zero, builder.load(full_ptrs[i], align=4)))
+        for p in range(pairs):
+            lo = builder.select(init, hzero, _masked_load(builder, tail_ptrs[2 * p], mask, hty))
+            hi = builder.select(init, hzero, _masked_load(builder, tail_ptrs[2 * p + 1], mask, hty))
+            pack0.append(_shuffle(builder, lo, hi, both))
+        acc0 = full0 + pack0
+        a_rows = [builder.gep(pa, [builder.mul(lda, const(i))]) for i in range(rows)]
+
+        pre = builder.block
+        loop = builder.append_basic_block("mmad.pair.k")
+        done = builder.append_basic_block("mmad.pair.k.done")
+        builder.cbranch(builder.icmp_signed(">", kc, const(0)), loop, done)
+        builder.position_at_end(loop)
+        k = builder.phi(intp)
+        k.add_incoming(const(0), pre)
+        accs = []
+        for x in acc0:
+            phi = builder.phi(vty)
+            phi.add_incoming(x, pre)
+            accs.append(phi)
+        b_off = builder.mul(k, const(NR))
+        b_full = builder.load(_vec_ptr(builder, pb, b_off, vty), align=4)
+        b_half = builder.load(_vec_ptr(builder, pb, builder.add(b_off, const(LANES)), hty), align=4)
+        b_twice = _shuffle(builder, b_half, b_half, list(range(half)) * 2)
+        new = [None] * len(acc0)
+        for p in range(pairs):
+            a0 = _splat(builder, builder.load(builder.gep(a_rows[2 * p], [k]), align=4), vty)
+            a1 = _splat(builder, builder.load(builder.gep(a_rows[2 * p + 1], [k]), align=4), vty)
+            new[2 * p] = builder.call(fma, [a0, b_full, accs[2 * p]])
+            new[2 * p + 1] = builder.call(fma, [a1, b_full, accs[2 * p + 1]])
+            mixed = _shuffle(builder, a0, a1, [0] * half + [LANES] * half)
+            new[rows + p] = builder.call(fma, [mixed, b_twice, accs[rows + p]])
+        k_next = builder.add(k, const(1))
+        tail_block = builder.block
+        k.add_incoming(k_next, tail_block)
+        for phi, x in zip(accs, new, strict=True):
+            phi.add_incoming(x, tail_block)
+        builder.cbranch(builder.icmp_signed("<", k_next, kc), loop, done)
+
+        # Store the C tile.
+        builder.position_at_end(done)
+        final = _phis(builder, vty, acc0, pre, new, tail_block)
+        for i in range(rows):
+            builder.store(final[i], full_ptrs[i], align=4)
+        for p in range(pairs):
+            packed = final[rows + p]
+            _masked_store(builder, _shuffle(builder, packed, packed, list(range(half))), tail_ptrs[2 * p], mask)
+            _masked_store(builder, _shuffle(builder, packed, packed, list(range(half, LANES))), tail_ptrs[2 * p + 1],
+                          mask)
+        return context.get_dummy_value()
+
+    def typer(typingctx, kc, pa, lda, pb, pc, ldc, init, tail):
+        if not all(isinstance(p, types.CPointer) and p.dtype == types.float32 for p in (pa, pb, pc)):
+            return None
+        return types.void(kc, pa, lda, pb, pc, ldc, init, tail), codegen
+
+    typer.__name__ = f"_microkernel_{2 * pairs}x{LANES}+pairs"
+    return intrinsic(typer)
+
+
 _uk1 = _make_microkernel(1)
 _uk2 = _make_microkernel(2)
 _uk3 = _make_microkernel(3)
@@ -428,6 +523,10 @@ _uu1, _uu2, _uu3, _uu4, _uu5, _uu6 = _uu[:6]
 # NOTES: as _uk7 / _uk8: the 7- and 8-row names alias the 6-row kernels where MR = 6.
 _ut7, _ut8 = (_ut[6], _ut[7]) if MR >= 8 else (_ut6, _ut6)
 _uu7, _uu8 = (_uu[6], _uu[7]) if MR >= 8 else (_uu6, _uu6)
+# NOTES: paired tails where a vector holds two half-rows of 8 (AVX-512); with 8 lanes (AVX2) the names alias _uu2 so
+# the dispatch compiles, and PAIRED_TAIL keeps it from being taken.
+PAIRED_TAIL = LANES == 16
+_up1, _up2, _up3, _up4 = ([_make_paired_tail_microkernel(p) for p in range(1, 5)] if PAIRED_TAIL else [_uu2] * 4)
 
 
 @njit(cache=True)
@@ -453,6 +552,20 @@ def _microkernel_tail(mr, cols, kc, pa, lda, pb, pc, ldc, init):
             _ut1(kc, pa, lda, pb, pc, ldc, init, cols)
         return
     last = cols - LANES
+    if PAIRED_TAIL and last <= LANES // 2 and mr >= 2:
+        # rows in pairs sharing their tails' vector (_up*), an odd last row alone
+        pairs = mr // 2
+        if pairs == 4:
+            _up4(kc, pa, lda, pb, pc, ldc, init, last)
+        elif pairs == 3:
+            _up3(kc, pa, lda, pb, pc, ldc, init, last)
+        elif pairs == 2:
+            _up2(kc, pa, lda, pb, pc, ldc, init, last)
+        else:
+            _up1(kc, pa, lda, pb, pc, ldc, init, last)
+        if mr % 2:
+            _uu1(kc, _ptr_add(pa, (mr - 1) * lda), lda, pb, _ptr_add(pc, (mr - 1) * ldc), ldc, init, last)
+        return
     if mr == 8:
         _uu8(kc, pa, lda, pb, pc, ldc, init, last)
     elif mr == 7:

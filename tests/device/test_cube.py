@@ -131,7 +131,9 @@ def test_mmad_odd_sizes_outside_the_contract(rng, mad_n, mad_k):
     assert np.all(np.isnan(l0c[:, mad_n:]))
 
 
-@pytest.mark.parametrize("cols", sorted({1, cube.LANES - 1, cube.LANES, cube.LANES + 1, cube.NR - 1}))
+# NOTES: LANES + 1 .. LANES * 3 / 2 columns take the paired-row tail kernel on AVX-512 (LANES + 8: the HC GEMM's N = 24)
+@pytest.mark.parametrize("cols", sorted({1, cube.LANES - 1, cube.LANES, cube.LANES + 1, cube.LANES + 4,
+                                         cube.LANES + cube.LANES // 2, cube.LANES + cube.LANES // 2 + 1, cube.NR - 1}))
 def test_mmad_partial_panel_is_the_full_panel_masked(rng, cols):
     # The last, partial panel runs a lane-masked micro-kernel (one vector when its columns fit one): every row-tile
     # size, init then accumulate, bit for bit the columns of the same product on a full panel (B's extra rows zero:
