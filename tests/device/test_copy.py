@@ -104,7 +104,10 @@ def test_copy_bf16(rng, major, tile):
     np.testing.assert_array_equal(l1, _expected_tile(logical.astype(np.float32), mn0, k0, rows, cols))
 
 
-@pytest.mark.parametrize("mn,k,mn0,k0,rows,cols", [(40, 256, 16, 64, 16, 4), (37, 96, 32, 64, 16, 8)])
+# NOTES: even first blocks copy GM's int16 pairs whole, then the rest block by block: an odd first block (k0 = 32),
+# an odd block count (k = 224: a last pair with one block), rows past mn, and an L1 view with a wider row
+@pytest.mark.parametrize("mn,k,mn0,k0,rows,cols", [(40, 256, 16, 64, 16, 4), (37, 96, 32, 64, 16, 8),
+                                                    (50, 224, 8, 0, 48, 8), (40, 256, 0, 32, 16, 6)])
 def test_copy_sf(rng, mn, k, mn0, k0, rows, cols):
     num_blocks = -(-k // 32)
     exps = rng.integers(0, 256, size=(mn, num_blocks), dtype=np.uint8)  # logical [mn, k/32]
@@ -112,8 +115,10 @@ def test_copy_sf(rng, mn, k, mn0, k0, rows, cols):
     padded[:, :num_blocks] = exps
     # Required layout: int16 [ceil(K/64), MN]; low byte = even block, high byte = odd block.
     sf = (padded[:, 0::2].astype(np.uint16) | (padded[:, 1::2].astype(np.uint16) << 8)).T.copy().view(np.int16)
-    sf_l1 = np.full((rows, cols), 0xAB, np.uint8)
+    parent = np.full((rows, cols + 3), 0xAB, np.uint8)
+    sf_l1 = parent[:, :cols]
     dcopy.copy_gm_to_l1_sf(sf_l1, sf.reshape(-1), sf.shape[1], mn0, k0, mn, k)
+    assert (parent[:, cols:] == 0xAB).all()
     expected = np.zeros((rows, cols), np.uint8)
     part = exps[mn0 : mn0 + rows, k0 // 32 : k0 // 32 + cols]
     expected[: part.shape[0], : part.shape[1]] = part
