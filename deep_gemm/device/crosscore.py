@@ -152,9 +152,9 @@ def cross_state_from_pool(pool, slot, ub_bytes):
 
 @njit(cache=True)
 def reset_cross_state(flags, set_lines, info, ub):
-    """Make a used cross-core state (new_cross_state) as new for the next logical core of a launch part: flags, lines
-    and info zeroed, and each UB zeroed over the byte range its UBTensor views addressed (the rest is still zero:
-    every UB byte a kernel can write is inside a view), so a core never sees what the previous one left.
+    """Make a used cross-core state (new_cross_state, cross_state_from_pool) as new for the next logical core: flags,
+    lines and info zeroed, and each UB zeroed over the byte range its UBTensor views addressed (the rest is still
+    zero: every UB byte a kernel can write is inside a view), so a core never sees what the previous one left.
 
     NOTES: zeroing both whole UBs (2 x 248 KiB) was the largest fixed cost of a small mixed launch: ~5-8 us per
     logical core and phase, every core of the grid, idle or not."""

@@ -104,8 +104,8 @@ def test_copy_bf16(rng, major, tile):
     np.testing.assert_array_equal(l1, _expected_tile(logical.astype(np.float32), mn0, k0, rows, cols))
 
 
-# NOTES: even first blocks copy GM's int16 pairs whole, then the rest block by block: an odd first block (k0 = 32),
-# an odd block count (k = 224: a last pair with one block), rows past mn, and an L1 view with a wider row
+# NOTES: besides whole pairs from an even block: an odd first block (k0 = 32, each L1 row's bytes from two GM int16),
+# an odd block count (k = 224: the last int16 holds one block), rows past mn, an L1 view with a wider row
 @pytest.mark.parametrize("mn,k,mn0,k0,rows,cols", [(40, 256, 16, 64, 16, 4), (37, 96, 32, 64, 16, 8),
                                                     (50, 224, 8, 0, 48, 8), (40, 256, 0, 32, 16, 6)])
 def test_copy_sf(rng, mn, k, mn0, k0, rows, cols):
