@@ -14,7 +14,7 @@ from numba.extending import intrinsic
 from ..jit import cpu_features
 from ..jit.numba_setup import apply_numba_settings
 from .cube_amx import AMX_K, AMX_T, _round_up
-from .cube_fma import MR, _as_intp, _data_ptr, _phis, _ptr_add, _row_tile, _splat, _vec_ptr
+from .cube_fma import MR, _as_intp, _data_ptr, _ptr_add, _register_loop, _row_tile, _splat, _vec_ptr
 
 # NOTES: must run before the first @njit below can compile (numba reads it when building its CPU target).
 apply_numba_settings()
@@ -137,34 +137,18 @@ def _make_dp_kernel(mr: int):
                     for v in range(2)]
 
         # K loop over pairs: accumulators are loop-carried phis (registers).
-        pre = builder.block
-        loop = builder.append_basic_block("dpbf16.k")
-        done = builder.append_basic_block("dpbf16.k.done")
-        builder.cbranch(builder.icmp_signed(">", npairs, const(0)), loop, done)
-        builder.position_at_end(loop)
-        q = builder.phi(intp)
-        q.add_incoming(const(0), pre)
-        accs = []
-        for x in acc0:
-            phi = builder.phi(_V16F)
-            phi.add_incoming(x, pre)
-            accs.append(phi)
-        bs = [_masked_load(builder, builder.gep(b_panels[v], [q]), masks[v], _V16I) for v in range(2)]
-        new = []
-        for i in range(mr):
-            a = _splat(builder, builder.load(builder.gep(a_rows[i], [q]), align=2), _V16I)
-            for v in range(2):
-                new.append(_dpbf16(builder, accs[2 * i + v], a, bs[v]))
-        q_next = builder.add(q, const(1))
-        tail = builder.block
-        q.add_incoming(q_next, tail)
-        for phi, x in zip(accs, new, strict=True):
-            phi.add_incoming(x, tail)
-        builder.cbranch(builder.icmp_signed("<", q_next, npairs), loop, done)
+        def pair_step(q, accs):
+            bs = [_masked_load(builder, builder.gep(b_panels[v], [q]), masks[v], _V16I) for v in range(2)]
+            new = []
+            for i in range(mr):
+                a = _splat(builder, builder.load(builder.gep(a_rows[i], [q]), align=2), _V16I)
+                for v in range(2):
+                    new.append(_dpbf16(builder, accs[2 * i + v], a, bs[v]))
+            return new
+
+        final = _register_loop(builder, npairs, acc0, "dpbf16.k", pair_step)
 
         # Store the C block.
-        builder.position_at_end(done)
-        final = _phis(builder, _V16F, acc0, pre, new, tail)
         for n, (p, x) in enumerate(zip(c_ptrs, final, strict=True)):
             _masked_store(builder, x, p, masks[n % 2])
         return context.get_dummy_value()

@@ -98,6 +98,34 @@ def _phis(builder, vty, first, first_block, second, second_block):
     return merged
 
 
+def _register_loop(builder, count, acc0, name, step):
+    """``for k in range(count)`` (count: an intp) with the vectors ``acc0`` as loop-carried registers (phis):
+    ``step(k, accs)`` emits one iteration and returns the new accumulators. Returns them after the loop (acc0 when
+    count <= 0), the builder positioned after it."""
+    intp = count.type
+    pre = builder.block
+    loop = builder.append_basic_block(name)
+    done = builder.append_basic_block(f"{name}.done")
+    builder.cbranch(builder.icmp_signed(">", count, ir.Constant(intp, 0)), loop, done)
+    builder.position_at_end(loop)
+    k = builder.phi(intp)
+    k.add_incoming(ir.Constant(intp, 0), pre)
+    accs = []
+    for x in acc0:
+        phi = builder.phi(x.type)
+        phi.add_incoming(x, pre)
+        accs.append(phi)
+    new = step(k, accs)
+    k_next = builder.add(k, ir.Constant(intp, 1))
+    tail = builder.block
+    k.add_incoming(k_next, tail)
+    for phi, x in zip(accs, new, strict=True):
+        phi.add_incoming(x, tail)
+    builder.cbranch(builder.icmp_signed("<", k_next, count), loop, done)
+    builder.position_at_end(done)
+    return _phis(builder, acc0[0].type, acc0, pre, new, tail)
+
+
 def _transpose_square(builder, rows):
     """n vectors of n lanes (the rows of an n x n block, n a power of two) -> its n columns: log2(n) butterfly stages
     of 2-input shuffles (the stage of width b swaps the off-diagonal b-blocks of rows i and i | b)."""
@@ -320,36 +348,20 @@ def _make_microkernel(mr: int, nv: int = NR // LANES, masked: bool = False):
         a_rows = [builder.gep(pa, [builder.mul(lda, ir.Constant(intp, i))]) for i in range(mr)]
 
         # K loop: accumulators are loop-carried phis (registers).
-        pre = builder.block
-        loop = builder.append_basic_block("mmad.k")
-        done = builder.append_basic_block("mmad.k.done")
-        builder.cbranch(builder.icmp_signed(">", kc, ir.Constant(intp, 0)), loop, done)
-        builder.position_at_end(loop)
-        k = builder.phi(intp)
-        k.add_incoming(ir.Constant(intp, 0), pre)
-        accs = []
-        for x in acc0:
-            phi = builder.phi(vty)
-            phi.add_incoming(x, pre)
-            accs.append(phi)
-        b_off = builder.mul(k, ir.Constant(intp, NR))
-        bs = [builder.load(_vec_ptr(builder, pb, builder.add(b_off, ir.Constant(intp, LANES * v)), vty), align=4)
-              for v in range(nv)]
-        new = []
-        for i in range(mr):
-            a = _splat(builder, builder.load(builder.gep(a_rows[i], [k]), align=4), vty)
-            for v in range(nv):
-                new.append(builder.call(fma, [a, bs[v], accs[i * nv + v]]))
-        k_next = builder.add(k, ir.Constant(intp, 1))
-        tail_block = builder.block
-        k.add_incoming(k_next, tail_block)
-        for phi, x in zip(accs, new, strict=True):
-            phi.add_incoming(x, tail_block)
-        builder.cbranch(builder.icmp_signed("<", k_next, kc), loop, done)
+        def k_step(k, accs):
+            b_off = builder.mul(k, ir.Constant(intp, NR))
+            bs = [builder.load(_vec_ptr(builder, pb, builder.add(b_off, ir.Constant(intp, LANES * v)), vty),
+                               align=4) for v in range(nv)]
+            new = []
+            for i in range(mr):
+                a = _splat(builder, builder.load(builder.gep(a_rows[i], [k]), align=4), vty)
+                for v in range(nv):
+                    new.append(builder.call(fma, [a, bs[v], accs[i * nv + v]]))
+            return new
+
+        final = _register_loop(builder, kc, acc0, "mmad.k", k_step)
 
         # Store the C tile.
-        builder.position_at_end(done)
-        final = _phis(builder, vty, acc0, pre, new, tail_block)
         for n, (p, x) in enumerate(zip(c_ptrs, final, strict=True)):
             if masked and n % nv == nv - 1:
                 _masked_store(builder, x, p, mask)
@@ -429,40 +441,24 @@ def _make_paired_tail_microkernel(pairs: int):
         acc0 = full0 + pack0
         a_rows = [builder.gep(pa, [builder.mul(lda, const(i))]) for i in range(rows)]
 
-        pre = builder.block
-        loop = builder.append_basic_block("mmad.pair.k")
-        done = builder.append_basic_block("mmad.pair.k.done")
-        builder.cbranch(builder.icmp_signed(">", kc, const(0)), loop, done)
-        builder.position_at_end(loop)
-        k = builder.phi(intp)
-        k.add_incoming(const(0), pre)
-        accs = []
-        for x in acc0:
-            phi = builder.phi(vty)
-            phi.add_incoming(x, pre)
-            accs.append(phi)
-        b_off = builder.mul(k, const(NR))
-        b_full = builder.load(_vec_ptr(builder, pb, b_off, vty), align=4)
-        b_half = builder.load(_vec_ptr(builder, pb, builder.add(b_off, const(LANES)), hty), align=4)
-        b_twice = _shuffle(builder, b_half, b_half, list(range(half)) * 2)
-        new = [None] * len(acc0)
-        for p in range(pairs):
-            a0 = _splat(builder, builder.load(builder.gep(a_rows[2 * p], [k]), align=4), vty)
-            a1 = _splat(builder, builder.load(builder.gep(a_rows[2 * p + 1], [k]), align=4), vty)
-            new[2 * p] = builder.call(fma, [a0, b_full, accs[2 * p]])
-            new[2 * p + 1] = builder.call(fma, [a1, b_full, accs[2 * p + 1]])
-            mixed = _shuffle(builder, a0, a1, [0] * half + [LANES] * half)
-            new[rows + p] = builder.call(fma, [mixed, b_twice, accs[rows + p]])
-        k_next = builder.add(k, const(1))
-        tail_block = builder.block
-        k.add_incoming(k_next, tail_block)
-        for phi, x in zip(accs, new, strict=True):
-            phi.add_incoming(x, tail_block)
-        builder.cbranch(builder.icmp_signed("<", k_next, kc), loop, done)
+        def k_step(k, accs):
+            b_off = builder.mul(k, const(NR))
+            b_full = builder.load(_vec_ptr(builder, pb, b_off, vty), align=4)
+            b_half = builder.load(_vec_ptr(builder, pb, builder.add(b_off, const(LANES)), hty), align=4)
+            b_twice = _shuffle(builder, b_half, b_half, list(range(half)) * 2)
+            new = [None] * len(accs)
+            for p in range(pairs):
+                a0 = _splat(builder, builder.load(builder.gep(a_rows[2 * p], [k]), align=4), vty)
+                a1 = _splat(builder, builder.load(builder.gep(a_rows[2 * p + 1], [k]), align=4), vty)
+                new[2 * p] = builder.call(fma, [a0, b_full, accs[2 * p]])
+                new[2 * p + 1] = builder.call(fma, [a1, b_full, accs[2 * p + 1]])
+                mixed = _shuffle(builder, a0, a1, [0] * half + [LANES] * half)
+                new[rows + p] = builder.call(fma, [mixed, b_twice, accs[rows + p]])
+            return new
+
+        final = _register_loop(builder, kc, acc0, "mmad.pair.k", k_step)
 
         # Store the C tile.
-        builder.position_at_end(done)
-        final = _phis(builder, vty, acc0, pre, new, tail_block)
         for i in range(rows):
             builder.store(final[i], full_ptrs[i], align=4)
         for p in range(pairs):
