@@ -136,12 +136,15 @@ def new_cross_pool(rows: int, ub_bytes: int) -> np.ndarray:
 def cross_state_from_pool(pool, slot, ub_bytes):
     """(flags, set_lines, info, ub) of a launch thread: row ``slot`` of ``pool`` (new_cross_pool; kept across
     launches, so the UB is not zeroed again per launch: the scheduler's reset_cross_state zeroes what the last core
-    addressed), or a new state (new_cross_state) when the pool has no such row or rows of another size.
+    addressed). Raises ValueError when the pool has no such row or rows of another size (the caller sizes it by the
+    launch's thread count: jit/compiled_kernel.py cross_pool).
 
     NOTES: a new state per launch thread zeroed both whole UBs (2 x 248 KiB) in every launch of every phase: ~10 us
-    of a small mixed call (an HC pre-norm GEMM of 16 x 24 x 512 took 0.077 ms)."""
+    of a small mixed call (an HC pre-norm GEMM of 16 x 24 x 512 took 0.077 ms). No fallback to a new state either:
+    its four np.zeros types were ~0.2 s of a mixed kernel's cold compile."""
     if slot < 0 or slot >= pool.shape[0] or pool.shape[1] != _UB_OFFSET + 2 * ub_bytes:
-        return new_cross_state(ub_bytes)
+        raise ValueError("mixed kernel launch: the cross-core state pool has no row for this launch thread (slot, "
+                         "rows, row bytes, UB bytes)", slot, pool.shape[0], pool.shape[1], ub_bytes)
     base = pool[slot].ctypes.data
     flags = carray(_address_as_ptr(base, np.int64), (NUM_SUB_CORES, NUM_SUB_CORES, NUM_CROSS_FLAG_IDS))
     set_lines = carray(_address_as_ptr(base + _FLAGS_BYTES, np.int64), (NUM_SUB_CORES, NUM_CROSS_FLAG_IDS))

@@ -95,9 +95,9 @@ _pools = threading.local()
 
 def cross_pool(ub_bytes: int):
     """The calling thread's pool of cross-core states for mixed kernels whose AIVs have ``ub_bytes`` of UB: a row per
-    launch thread (deep_gemm.device.crosscore.new_cross_pool), kept across launches. A Python thread runs one launch
-    at a time, so no two launches use a row at once; a launch on more threads than rows gives the others new states.
-    """
+    launch thread (deep_gemm.device.crosscore.new_cross_pool; a launch runs on at most num_threads() threads, read on
+    this thread as the launcher reads it), kept across launches. A Python thread runs one launch at a time, so no two
+    launches use a row at once."""
     pools = getattr(_pools, "by_size", None)
     if pools is None:
         pools = _pools.by_size = {}

@@ -9,7 +9,7 @@ import pytest
 from jit_helpers import EXAMPLE_DEVICE, HELPERS_CONSTS, LOOPS_CONSTS, VADD_CONSTS, vadd_args, vadd_reference
 
 from deep_gemm import envs
-from deep_gemm.device.crosscore import KernelDeadlockError
+from deep_gemm.device.crosscore import KernelDeadlockError, new_cross_pool
 from deep_gemm.device.synccheck import SyncCheckError
 from deep_gemm.jit import build
 from deep_gemm.jit.translate import translate
@@ -25,9 +25,9 @@ def run_checked(body: str, params: str = "GlobalTensor<float> x", args=None, hel
     namespace: dict = {}
     exec(compile(python, "<checked kernel>", "exec"), namespace)
     args = args if args is not None else (np.zeros(4, np.float32),)
-    # the hidden arguments: a mixed kernel's pool of cross-core states (empty: each launch thread makes its own), the
-    # cancel flag, the core counter
-    pool = (np.zeros((0, 0), np.uint8),) if translation.is_mixed else ()
+    # the hidden arguments: a mixed kernel's pool of cross-core states (a row for the one launch thread), the cancel
+    # flag, the core counter
+    pool = (new_cross_pool(1, translation.ub_bytes),) if translation.is_mixed else ()
     namespace["k"](*args, *pool, np.zeros(1, np.uint8), np.zeros(3, np.int64))
     return args
 

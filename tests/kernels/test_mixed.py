@@ -383,3 +383,16 @@ def test_cross_core_state_is_kept_across_launches_and_each_core_starts_clean(tmp
     kernel(np.zeros(64, np.float32), 1)
     # the pool is the memory the launches used: the last core of each launch thread left its UB values in its row
     assert (pool.view(np.float32) == 5).sum() >= 16
+
+
+def test_a_pool_without_the_launch_threads_row_is_refused():
+    """cross_state_from_pool raises, naming the slot and the pool, for a slot past its rows or rows of another UB
+    size (cross_pool sizes the pool by the launch's thread count, so a launch never meets this)."""
+    from deep_gemm.device.crosscore import cross_state_from_pool, new_cross_pool
+
+    pool = new_cross_pool(2, 1024)
+    flags, lines, info, ub = cross_state_from_pool(pool, 1, 1024)
+    assert ub.shape == (2, 1024) and not flags.any() and not lines.any()
+    for bad_pool, slot, ub_bytes in ((pool, 2, 1024), (pool, -1, 1024), (pool, 0, 2048)):
+        with pytest.raises(ValueError, match="no row for this launch thread"):
+            cross_state_from_pool(bad_pool, slot, ub_bytes)
