@@ -154,7 +154,7 @@ def _build_kernel():
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from ..device.cube_fma import _phis
+    from ..device.cube_fma import _register_loop
     from ..jit.numba_setup import apply_numba_settings, vector_width_bits
 
     apply_numba_settings()  # the same vector width the stand-in's micro-kernel gets
@@ -165,7 +165,6 @@ def _build_kernel():
     @intrinsic
     def fma_chains(typingctx, n_iters, x):
         def codegen(context, builder, signature, args):
-            intp = context.get_value_type(types.intp)
             n = context.cast(builder, args[0], signature.args[0], types.intp)
             x32 = context.cast(builder, args[1], signature.args[1], types.float32)
             xs = builder.insert_element(ir.Constant(vty, ir.Undefined), x32, ir.Constant(ir.IntType(32), 0))
@@ -175,26 +174,8 @@ def _build_kernel():
             fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty, vty, vty]),
                                                  f"llvm.fma.v{lanes}f32")
             init = [ir.Constant(vty, [1.0 + 0.01 * i] * lanes) for i in range(NUM_ACCUMULATORS)]
-            pre = builder.block
-            loop = builder.append_basic_block("fma.loop")
-            done = builder.append_basic_block("fma.done")
-            builder.cbranch(builder.icmp_signed(">", n, ir.Constant(intp, 0)), loop, done)
-            builder.position_at_end(loop)
-            i = builder.phi(intp)
-            i.add_incoming(ir.Constant(intp, 0), pre)
-            accs = []
-            for v in init:
-                phi = builder.phi(vty)
-                phi.add_incoming(v, pre)
-                accs.append(phi)
-            new = [builder.call(fma, [acc, xs, c]) for acc in accs]
-            i_next = builder.add(i, ir.Constant(intp, 1))
-            for phi, v in zip(accs, new, strict=True):
-                phi.add_incoming(v, loop)
-            i.add_incoming(i_next, loop)
-            builder.cbranch(builder.icmp_signed("<", i_next, n), loop, done)
-            builder.position_at_end(done)
-            finals = _phis(builder, vty, init, pre, new, loop)
+            finals = _register_loop(builder, n, init, "fma.loop",
+                                    lambda i, accs: [builder.call(fma, [acc, xs, c]) for acc in accs])
             total = finals[0]
             for v in finals[1:]:
                 total = builder.fadd(total, v)
