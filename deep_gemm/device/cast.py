@@ -242,6 +242,36 @@ def _head_value(q, psc, j, scaled):
     return _scaled_relu(v, psc[j]) if scaled else v
 
 
+@njit(cache=True)
+def _axpy_rows_core(pd, ps, sr, psc, pw, ws, rows, count, scaled):
+    """The head sum on pointers: dst row at pd, bf16 rows at ps (row step sr), scale row at psc, weight h at
+    pw[h * ws]; ``scaled`` a run-time flag (the loops are unswitched on it), so CastAxpyRows and CastMulReluAxpyRows
+    share this one compile (each had its own copy of these loops: ~0.5 s of numba's inlining each, cold).
+
+    NOTES: four heads per pass over the row, the partial sum held in a register between them: the row is read and
+    written once per four heads (one per head in an Axpy chain) and each score once, never widened into a tile. The
+    additions stay in head order, so the bits are the chain's."""
+    w0 = pw[0]
+    for j in range(count):
+        pd[j] = _head_value(ps, psc, j, scaled) * w0
+    h = 1
+    while h + 4 <= rows:
+        q0, q1 = _ptr_add(ps, h * sr), _ptr_add(ps, (h + 1) * sr)
+        q2, q3 = _ptr_add(ps, (h + 2) * sr), _ptr_add(ps, (h + 3) * sr)
+        w1, w2, w3, w4 = pw[h * ws], pw[(h + 1) * ws], pw[(h + 2) * ws], pw[(h + 3) * ws]
+        for j in range(count):
+            acc = pd[j] + _head_value(q0, psc, j, scaled) * w1
+            acc = acc + _head_value(q1, psc, j, scaled) * w2
+            acc = acc + _head_value(q2, psc, j, scaled) * w3
+            pd[j] = acc + _head_value(q3, psc, j, scaled) * w4
+        h += 4
+    while h < rows:
+        q, wh = _ptr_add(ps, h * sr), pw[h * ws]
+        for j in range(count):
+            pd[j] = pd[j] + _head_value(q, psc, j, scaled) * wh
+        h += 1
+
+
 @njit(cache=True, inline="always")
 def _axpy_rows(dst, src, scale, weights, count, scaled):
     d = as_rows(dst)
@@ -259,30 +289,10 @@ def _axpy_rows(dst, src, scale, weights, count, scaled):
     if count < 0 or count > cols:
         raise ValueError("head sum: count exceeds the row", count, cols)
     if _unit_cols(d) and _unit_cols(s) and _unit_cols(sc):
-        # NOTES: four heads per pass over the row, the partial sum held in a register between them: the row is
-        # read and written once per four heads (one per head in an Axpy chain) and each score once, never widened
-        # into a tile. The additions stay in head order, so the bits are the chain's.
-        pd, ps, psc = _data_ptr(d), _data_ptr(s), _data_ptr(sc)
-        sr = _row_step(s)
-        w0 = w[0, 0]
-        for j in range(count):
-            pd[j] = _head_value(ps, psc, j, scaled) * w0
-        h = 1
-        while h + 4 <= rows:
-            q0, q1 = _ptr_add(ps, h * sr), _ptr_add(ps, (h + 1) * sr)
-            q2, q3 = _ptr_add(ps, (h + 2) * sr), _ptr_add(ps, (h + 3) * sr)
-            w1, w2, w3, w4 = w[0, h], w[0, h + 1], w[0, h + 2], w[0, h + 3]
-            for j in range(count):
-                acc = pd[j] + _head_value(q0, psc, j, scaled) * w1
-                acc = acc + _head_value(q1, psc, j, scaled) * w2
-                acc = acc + _head_value(q2, psc, j, scaled) * w3
-                pd[j] = acc + _head_value(q3, psc, j, scaled) * w4
-            h += 4
-        while h < rows:
-            q, wh = _ptr_add(ps, h * sr), w[0, h]
-            for j in range(count):
-                pd[j] = pd[j] + _head_value(q, psc, j, scaled) * wh
-            h += 1
+        ws = w.strides[1] // 4 if w.shape[1] > 1 else 1
+        # NOTES: `rows > 0 and scaled` (rows >= 1 here) is a run-time bool: a literal would compile the core twice
+        _axpy_rows_core(_data_ptr(d), _data_ptr(s), _row_step(s), _data_ptr(sc), _data_ptr(w), ws, rows, count,
+                        rows > 0 and scaled)
         return
     for j in range(count):
         acc = np.float32(0.0)
