@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """JIT figures against the performance targets: start-up of a fresh process that calls one cached kernel, dispatch
-of a loaded kernel, and cold compiles, for fp8_gemm, a mixed kernel (tf32_hc_prenorm_gemm: AIC and AIVs with
-cross-core flags) and the example vector add, for reference.
+of a loaded kernel, and cold compiles, for fp8_gemm, the mixed kernels (tf32_hc_prenorm_gemm, mqa_logits,
+paged_mqa_logits: AIC and AIVs with cross-core flags) and the example vector add, for reference.
 
     python bench/jit_bench.py                 # every kernel, a fresh temporary cache
     python bench/jit_bench.py --kernels fp8_gemm --reps 1 --calls 500
@@ -13,8 +13,10 @@ Rows and targets (fp8_gemm; issue 28's):
   dispatch: one launch of a loaded kernel with no tiles (m = 0), median     <= 20 us
   compile:  cold compile of a new specialization (median of --reps)         <= 2 s
             the first one in a fresh process with a cold cache             <= 6 s
-The mixed kernel (tf32_hc_prenorm_gemm, M = 16, N = 24, K = 1024 + 64 i: K is compiled in) has the compile rows only,
-each <= 10 s (issue 28); the vector add keeps the bench's first targets (3 s and 8 s), and has no start-up row.
+The mixed kernels have the compile rows only, each <= 10 s (issue 28): tf32_hc_prenorm_gemm (M = 16, N = 24,
+K = 1024 + 64 i: K is compiled in), mqa_logits and paged_mqa_logits (attention_bench's operands on 32 - i logical
+cores: NUM_AI_CORES is compiled in). The vector add keeps the bench's first targets (3 s and 8 s), and has no
+start-up row.
 Wall and CPU times are both printed: other processes share these cores, and CPU time is the steadier figure under
 load. Each figure comes from its own child process with DG_JIT_CACHE_DIR set to a temporary directory.
 """
@@ -91,10 +93,36 @@ SETUP = {
         call = first_call
     """),
 }
+# NOTES: the MQA-logits kernels compile NUM_AI_CORES in: specialization i runs on 32 - i logical cores (a user tuning
+# set_num_ai_cores gets a new kernel the same way). Operands: attention_bench's (32 query rows, 2048 keys; the
+# ragged kernel with per-key fp32 scales, the paged one over 4 sequences of ~512 tokens).
+_MQA_SETUP = """
+    import sys
+    sys.path.insert(0, "bench")
+    import numpy as np
+    import attention_bench
+    import deep_gemm
+
+    _inputs = attention_bench.{inputs}(np.random.default_rng(0), {shape})
+
+    def make(i):
+        deep_gemm.set_num_ai_cores(32 - i)  # NUM_AI_CORES is compiled in: one new kernel per i
+        return attention_bench.{stand_in}(*_inputs)  # (the paged schedule is built for the core count)
+
+    def first_call(call):
+        call()  # a mixed kernel compiles (or loads) on its first launch
+
+    call = first_call
+"""
+SETUP["mqa_logits"] = textwrap.dedent(_MQA_SETUP.format(stand_in="stand_in_ragged", inputs="ragged_inputs",
+                                                        shape="32, 2048"))
+SETUP["paged_mqa_logits"] = textwrap.dedent(_MQA_SETUP.format(stand_in="stand_in_paged", inputs="paged_inputs",
+                                                              shape="4, 512"))
 
 # Per kernel: the targets of its new-specialization and first-in-a-fresh-process compiles (seconds), and whether it
 # has the warm-load and dispatch rows.
-TARGETS = {"vadd": (3.0, 8.0, True), "fp8_gemm": (2.0, 6.0, True), "hc_prenorm": (10.0, 10.0, False)}
+TARGETS = {"vadd": (3.0, 8.0, True), "fp8_gemm": (2.0, 6.0, True), "hc_prenorm": (10.0, 10.0, False),
+           "mqa_logits": (10.0, 10.0, False), "paged_mqa_logits": (10.0, 10.0, False)}
 
 COLD = """
 import json, statistics, time
@@ -260,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                              ("--startup-runs", args.startup_runs, 0), ("--startup-size", args.startup_size, 32)):
         if value < low:
             parser.error(f"{flag} must be >= {low}, got {value}")
-    templates = {"fp8_gemm": "fp8_gemm.asc.j2", "hc_prenorm": "tf32_hc_prenorm_gemm.asc.j2"}
+    templates = {"fp8_gemm": "fp8_gemm.asc.j2", "hc_prenorm": "tf32_hc_prenorm_gemm.asc.j2",
+                 "mqa_logits": "mqa_logits.asc.j2", "paged_mqa_logits": "paged_mqa_logits.asc.j2"}
     kernels = [k for k in args.kernels if k not in templates or (REPO / "templates" / templates[k]).is_file()]
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="dg-jit-bench-") as root:

@@ -20,7 +20,8 @@ Rows and targets (same-run ratios):
   threads                     BF16 4096x7168x2048, 2 threads vs 1         >= 1.85x
   startup, jit                start-up, dispatch and cold compiles (bench/jit_bench.py's rows, fresh cache):
                               FP8 GEMM new specialization <= 2 s, first in a fresh process <= 6 s (issue 28)
-  jit-mixed                   cold compiles of a mixed kernel (tf32_hc_prenorm_gemm) <= 10 s (issue 28)
+  jit-mixed                   cold compiles of the mixed kernels (tf32_hc_prenorm_gemm, mqa_logits,
+                              paged_mqa_logits) <= 10 s (issue 28)
 The numpy FP8 peer is the strongest numpy formulation (deep_gemm.testing.peers.numpy_fp8_gemm: 256-entry table
 decode, in-place block scaling, fp32 matmul, cast to bf16); the naive astype formulation is printed beside it for
 reference (--no-naive leaves it out). JAX (optional: pip install deep_gemm[peers]) runs the same problem through
@@ -326,7 +327,9 @@ def row_jit(opts: Options) -> list[Result]:
 
 
 def row_jit_mixed(opts: Options) -> list[Result]:
-    return [_from_jit(r) for r in _jit_bench().kernel_rows("hc_prenorm", 1, 1, opts.jit_root)]
+    jb = _jit_bench()
+    return [_from_jit(r) for name in ("hc_prenorm", "mqa_logits", "paged_mqa_logits")
+            for r in jb.kernel_rows(name, 1, 1, opts.jit_root)]
 
 
 ROWS: dict[str, Callable[[np.random.Generator, Options], list[Result]]] = {
