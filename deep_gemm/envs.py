@@ -120,7 +120,7 @@ DG_JIT_LAUNCHER = _declare(
 )
 DG_JIT_KERNEL_OPT = _declare(
     "DG_JIT_KERNEL_OPT", str, "cheap",
-    "Module optimization of generated kernels after linking device code: cheap (default, faster compile) or full",
+    "Module optimization of kernels and thin device wrappers after linking: cheap (default, faster compile) or full",
     choices=("cheap", "full"),
 )
 DG_JIT_LAZY_CODEGEN = _declare(

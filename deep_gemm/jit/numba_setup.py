@@ -3,10 +3,10 @@
 NOTES: numba ships with LLVM's SLP vectorizer off, which leaves register-tiled micro-kernels scalar; and on
 AVX-512 hosts LLVM prefers 256-bit vectors unless told otherwise. Both settings are read when numba builds its
 CPU target (the first compile in the process) and are part of numba's cache key. Set DG_JIT_FAST_MATH_SETUP=0
-to leave numba exactly as the user configured it. Three compile-time savings live here too: generated kernels skip
-numba's second full module optimization (DG_JIT_KERNEL_OPT, see _install_cheap_kernel_link), only kernel entries
-get machine code at once (DG_JIT_LAZY_CODEGEN, jit/lazy_codegen.py) and numba's first use does not import scipy
-(DG_JIT_DEFER_SCIPY, see _defer_scipy_probe).
+to leave numba exactly as the user configured it. Three compile-time savings live here too: generated kernels and
+thin device wrappers skip numba's second full module optimization (DG_JIT_KERNEL_OPT, see
+_install_cheap_kernel_link), only kernel entries get machine code at once (DG_JIT_LAZY_CODEGEN, jit/lazy_codegen.py)
+and numba's first use does not import scipy (DG_JIT_DEFER_SCIPY, see _defer_scipy_probe).
 """
 
 from __future__ import annotations
@@ -103,39 +103,59 @@ def codegen_settings() -> dict[str, object]:
 
 
 def _install_cheap_kernel_link() -> bool:
-    """Skip numba's second, full module optimization for libraries of generated kernels.
+    """Skip numba's second, full module optimization where it would only optimize code again: for libraries of
+    generated kernels, and for thin device wrappers.
 
-    NOTES: numba links the already-optimized IR of every callee into each caller's library and runs the full
-    O3 module pipeline over the result before generating code. For a translated kernel that is ~95 % device
-    code (optimized once already in its own library), so the pass costs a third of each specialization's
-    compile. Kernel libraries get numba's cheap module pipeline instead (the kernel's own functions were already
-    optimized function by function); device code keeps its own O3 optimization. DG_JIT_KERNEL_OPT=full restores
-    numba's behaviour.
+    NOTES: numba links the already-optimized IR of every callee into each caller's library and runs two O3 module
+    pipelines over the result (a "cheap" one, then the full one) before generating code. For a translated kernel
+    that is ~95 % device code (optimized once already in its own library), so the full pass costs a third of each
+    specialization's compile. A device function whose own code is a small part of its library (a wrapper that
+    checks its arguments and calls a pointer-based core: load_l0b, mmad, DataCopyPad, the head sums ...) is the
+    same case on a smaller scale, once per level of a call chain (ragged MQA logits, cold cache: ~0.9 s of the
+    first call's ~1.7 s of module passes went to such libraries). Both get numba's cheap module pipeline only (it
+    still inlines and vectorizes loops); the code they link was fully optimized in its own library. Device
+    functions with their own loops keep numba's two passes. DG_JIT_KERNEL_OPT=full restores numba's behaviour.
     """
     from numba.core import codegen
 
     cls = codegen.CPUCodeLibrary
     if getattr(cls, "_dg_cheap_kernel_link", False):
         return True
-    # NOTES: this replaces a private numba method; it is installed only where numba's internals have the shape
-    # it was written against (numba_internals_known), and numba keeps its own behaviour anywhere else.
+    # NOTES: this replaces private numba methods; it is installed only where numba's internals have the shape it
+    # was written against (numba_internals_known), and numba keeps its own behaviour anywhere else.
     pass_manager = getattr(codegen.CPUCodegen, "_module_pass_manager", None)
     original = getattr(cls, "_optimize_final_module", None)
-    if pass_manager is None or original is None or not numba_internals_known():
+    original_finalize = getattr(cls, "finalize", None)
+    if pass_manager is None or original is None or original_finalize is None or not numba_internals_known():
         return False
+
+    def finalize(self):
+        # NOTES: numba links the callees in here; until then the final module holds the library's own code
+        self._dg_own_bytes = len(self._final_module.as_bitcode())
+        return original_finalize(self)
 
     def _optimize_final_module(self):
         own = any(KERNEL_MODULE_MARK in fn.name for fn in self._final_module.functions if not fn.is_declaration)
-        if not own:
+        thin = False
+        if not own and self._linking_libraries:
+            own_bytes = getattr(self, "_dg_own_bytes", None)
+            thin = own_bytes is not None and own_bytes * THIN_WRAPPER_RATIO <= len(self._final_module.as_bitcode())
+        if not own and not thin:
             return original(self)
         cg = self._codegen
         mpm, mpb = cg._module_pass_manager(loop_vectorize=cg._loopvect, slp_vectorize=False, opt=cg._opt_level,
                                            cost="cheap")
         mpm.run(self._final_module, mpb)
 
+    cls.finalize = finalize
     cls._optimize_final_module = _optimize_final_module
     cls._dg_cheap_kernel_link = True
     return True
+
+
+# NOTES: a device library is a thin wrapper when its linked callees are at least this many times its own code
+# (LLVM bitcode bytes before and after linking)
+THIN_WRAPPER_RATIO = 4
 
 
 def _install_interrupt_safe_refresh() -> None:
