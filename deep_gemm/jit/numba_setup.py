@@ -111,7 +111,7 @@ def _install_cheap_kernel_link() -> bool:
     that is ~95 % device code (optimized once already in its own library), so the full pass costs a third of each
     specialization's compile. A device function whose own code is a small part of its library (a wrapper that
     checks its arguments and calls a pointer-based core: load_l0b, mmad, DataCopyPad, the head sums ...) is the
-    same case on a smaller scale, once per level of a call chain (ragged MQA logits, cold cache: ~0.9 s of the
+    same case on a smaller scale, once per level of a call chain (ragged MQA logits, cold cache: ~0.7 s of the
     first call's ~1.7 s of module passes went to such libraries). Both get numba's cheap module pipeline only (it
     still inlines and vectorizes loops); the code they link was fully optimized in its own library. Device
     functions with their own loops keep numba's two passes. DG_JIT_KERNEL_OPT=full restores numba's behaviour.
@@ -129,18 +129,25 @@ def _install_cheap_kernel_link() -> bool:
     if pass_manager is None or original is None or original_finalize is None or not numba_internals_known():
         return False
 
+    def _is_kernel(module) -> bool:
+        return any(KERNEL_MODULE_MARK in fn.name for fn in module.functions if not fn.is_declaration)
+
     def finalize(self):
-        # NOTES: numba links the callees in here; until then the final module holds the library's own code
-        self._dg_own_bytes = len(self._final_module.as_bitcode())
+        # NOTES: numba links the callees in here; until then the final module holds the library's own code (only
+        # deep_gemm's device functions are measured: numba optimizes anyone else's code as it always does)
+        module = self._final_module
+        if (self._linking_libraries and not _is_kernel(module)
+                and any("deep_gemm" in fn.name for fn in module.functions if not fn.is_declaration)):
+            self._dg_own_bytes = len(module.as_bitcode())
         return original_finalize(self)
 
     def _optimize_final_module(self):
-        own = any(KERNEL_MODULE_MARK in fn.name for fn in self._final_module.functions if not fn.is_declaration)
-        thin = False
-        if not own and self._linking_libraries:
-            own_bytes = getattr(self, "_dg_own_bytes", None)
-            thin = own_bytes is not None and own_bytes * THIN_WRAPPER_RATIO <= len(self._final_module.as_bitcode())
-        if not own and not thin:
+        kernel = _is_kernel(self._final_module)
+        own_bytes = getattr(self, "_dg_own_bytes", None)
+        thin = (not kernel and own_bytes is not None
+                and own_bytes * THIN_WRAPPER_RATIO <= len(self._final_module.as_bitcode()))
+        self._dg_module_passes = "cheap" if kernel or thin else "numba"
+        if not kernel and not thin:
             return original(self)
         cg = self._codegen
         mpm, mpb = cg._module_pass_manager(loop_vectorize=cg._loopvect, slp_vectorize=False, opt=cg._opt_level,

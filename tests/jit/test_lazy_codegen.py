@@ -1,6 +1,7 @@
 """Deferred machine code (jit/lazy_codegen.py): a kernel's callees get none until called from Python, the entry gets
 its own at once; a deferred function called from Python works (and raises) like any numba function; numba's disk cache
 keeps deferred libraries as bitcode and loads them deferred again; DG_JIT_LAZY_CODEGEN=0 restores numba's behaviour.
+And the module passes (jit/numba_setup.py): thin device wrappers get numba's cheap pipeline only, other code both.
 Each case runs in a child process with a fresh cache root, so every function compiles cold."""
 
 from __future__ import annotations
@@ -163,3 +164,51 @@ def test_processes_with_and_without_deferred_code_share_a_cache_root(tmp_path):
     assert eager["callee_wrappers"] == again["callee_wrappers"] == [True, True]
     assert lazy_again["callee_wrappers"] == [False, False] and lazy_again["callee_deferred"]
     assert all(out["call"] == [1.5] * 3 for out in (lazy, eager, again, lazy_again))
+
+
+# Compiles deep_gemm's DataCopyPad (GM -> UB: a wrapper that checks its arguments and calls the copy loop) and load_l0b
+# (its packing core has loops of its own) from Python in a fresh cache, and a user's own numba wrapper, and reports
+# which module passes each library got (jit/numba_setup.py).
+THIN_CHILD = """
+import json
+import numpy as np
+from numba import njit
+from deep_gemm.device import DataCopyPad, cube
+
+def passes(dispatcher):
+    (cres,) = dispatcher.overloads.values()
+    return getattr(cres.library, "_dg_module_passes", None)
+
+ub = np.zeros((4, 64), np.uint16)
+DataCopyPad(ub, np.arange(1000, dtype=np.uint16), 0, 64, 4, 64, 0)
+l1 = np.arange(24 * 64, dtype=np.float32).reshape(24, 64)
+l0 = np.zeros(cube.l0b_size(24, 64), np.float32)
+cube.load_l0b(l0, l1, np.zeros((1, 1), np.uint8), 0, 0, 24, 64, False)
+
+@njit
+def user_sum(x):
+    s = 0.0
+    for v in x:
+        s += v
+    return s
+
+@njit
+def user_wrapper(x):
+    return user_sum(x) + user_sum(x[1:])
+
+user_wrapper(np.ones(8))
+print(json.dumps({"wrapper": passes(DataCopyPad), "core": passes(cube._load_b_core), "user": passes(user_wrapper),
+                  "copied": bool((ub == np.arange(256).reshape(4, 64)).all()), "packed": bool(l0[:24].any())}))
+"""
+
+
+def test_thin_device_wrappers_skip_the_second_module_pass_and_user_code_does_not(tmp_path):
+    out = run_child(THIN_CHILD, tmp_path)
+    assert out["copied"] and out["packed"]
+    # the wrapper's own code is a small part of its library (the copy loop is linked in): numba's cheap pipeline
+    # only; the packing core, with loops of its own, keeps numba's two module passes
+    assert out["wrapper"] == "cheap" and out["core"] == "numba"
+    # code outside deep_gemm in the same process is optimized as numba always does
+    assert out["user"] == "numba"
+    off = run_child(THIN_CHILD, tmp_path / "full", extra_env={"DG_JIT_KERNEL_OPT": "full"})
+    assert off["wrapper"] is None and off["core"] is None and off["copied"] and off["packed"]
