@@ -102,6 +102,11 @@ def codegen_settings() -> dict[str, object]:
     return out
 
 
+# NOTES: a device library is a thin wrapper when its linked callees are at least this many times its own code
+# (LLVM bitcode bytes before and after linking)
+THIN_WRAPPER_RATIO = 4
+
+
 def _install_cheap_kernel_link() -> bool:
     """Skip numba's second, full module optimization where it would only optimize code again: for libraries of
     generated kernels, and for thin device wrappers.
@@ -158,11 +163,6 @@ def _install_cheap_kernel_link() -> bool:
     cls._optimize_final_module = _optimize_final_module
     cls._dg_cheap_kernel_link = True
     return True
-
-
-# NOTES: a device library is a thin wrapper when its linked callees are at least this many times its own code
-# (LLVM bitcode bytes before and after linking)
-THIN_WRAPPER_RATIO = 4
 
 
 def _install_interrupt_safe_refresh() -> None:
