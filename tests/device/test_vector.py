@@ -156,6 +156,19 @@ def test_duplicate_partial_and_int(rng):
     want = np.zeros(15, np.int32)
     want[:8] = 9
     np.testing.assert_array_equal(dst.reshape(-1), want)
+    # strided columns (every other one of the parent, which is never written) and pointer rows, whole and partial
+    parent = np.zeros((3, 6), F32)
+    device.Duplicate(parent[:, ::2], -1.5, 7)
+    assert parent[:, 1::2].tolist() == [[0.0] * 3] * 3
+    assert parent[:, ::2].reshape(-1).tolist() == [-1.5] * 7 + [0.0] * 2
+    bf16 = np.zeros((2, 4), np.uint16)
+    device.Duplicate(bf16, np.uint16(0xFF80), 8)  # bf16 -inf bits, the MQA kernels' masked-logit row
+    assert (bf16 == 0xFF80).all()
+    device.Duplicate(bf16, np.uint16(1), 0)
+    assert (bf16 == 0xFF80).all()
+    with pytest.raises(ValueError, match="count exceeds"):
+        device.Duplicate(bf16, np.uint16(1), 9)
+    assert (bf16 == 0xFF80).all()
 
 
 @pytest.mark.parametrize("mode", ["LT", "GT", "EQ", "LE", "GE", "NE"])
