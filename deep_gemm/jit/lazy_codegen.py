@@ -41,7 +41,7 @@ import threading
 import weakref
 
 from .. import envs
-from .numba_facts import KERNEL_MODULE_MARK, numba_internals_known
+from .numba_facts import KERNEL_MODULE_MARK, code_owner, numba_internals_known
 
 _installed = False
 _lock = threading.Lock()
@@ -61,12 +61,6 @@ def _deferrable(fndesc) -> bool:
     if module.startswith("deep_gemm.") or KERNEL_MODULE_MARK in module:
         return (module, fndesc.qualname) not in _eager
     return False
-
-
-def _is_own_module(ll_module) -> bool:
-    """True when the LLVM module defines a function of deep_gemm (a device module or a generated kernel)."""
-    return any("deep_gemm" in fn.name or KERNEL_MODULE_MARK in fn.name
-               for fn in ll_module.functions if not fn.is_declaration)
 
 
 class LazyEntry:
@@ -297,7 +291,7 @@ def _unserialize(cls, codegen, state):
 
         module = ll.parse_bitcode(data)
         library = codegen.create_library(name)
-        library._dg_lazy = _is_own_module(module)
+        library._dg_lazy = code_owner(module) is not None
         library._final_module = module
         library._finalize_final_module()
     if recipe is not None:

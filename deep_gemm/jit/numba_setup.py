@@ -18,7 +18,7 @@ import threading
 from .. import envs
 
 # NOTES: re-exported: the rest of the JIT reads them from here or from numba_facts (the leaf)
-from .numba_facts import KERNEL_MODULE_MARK, NUMBA_INTERNALS_VERSION, numba_internals_known  # noqa: F401
+from .numba_facts import KERNEL_MODULE_MARK, NUMBA_INTERNALS_VERSION, code_owner, numba_internals_known  # noqa: F401
 
 _lock = threading.Lock()
 _applied: dict[str, object] | None = None
@@ -134,20 +134,15 @@ def _install_cheap_kernel_link() -> bool:
     if pass_manager is None or original is None or original_finalize is None or not numba_internals_known():
         return False
 
-    def _is_kernel(module) -> bool:
-        return any(KERNEL_MODULE_MARK in fn.name for fn in module.functions if not fn.is_declaration)
-
     def finalize(self):
         # NOTES: numba links the callees in here; until then the final module holds the library's own code (only
         # deep_gemm's device functions are measured: numba optimizes anyone else's code as it always does)
-        module = self._final_module
-        if (self._linking_libraries and not _is_kernel(module)
-                and any("deep_gemm" in fn.name for fn in module.functions if not fn.is_declaration)):
-            self._dg_own_bytes = len(module.as_bitcode())
+        if self._linking_libraries and code_owner(self._final_module) == "device":
+            self._dg_own_bytes = len(self._final_module.as_bitcode())
         return original_finalize(self)
 
     def _optimize_final_module(self):
-        kernel = _is_kernel(self._final_module)
+        kernel = code_owner(self._final_module) == "kernel"
         own_bytes = getattr(self, "_dg_own_bytes", None)
         thin = (not kernel and own_bytes is not None
                 and own_bytes * THIN_WRAPPER_RATIO <= len(self._final_module.as_bitcode()))
