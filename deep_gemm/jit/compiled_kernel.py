@@ -22,6 +22,7 @@ from . import cache, events, interrupt, lazy_codegen, native, numba_cache
 from .errors import CompileError, KernelRunError
 from .events import debug as _debug
 from .events import emit as _event
+from .launch import num_threads
 from .numba_setup import KERNEL_MODULE_MARK
 from .signature import EntrySignature
 
@@ -101,8 +102,6 @@ def cross_pool(ub_bytes: int):
     pools = getattr(_pools, "by_size", None)
     if pools is None:
         pools = _pools.by_size = {}
-    from .launch import num_threads
-
     pool, rows = pools.get(ub_bytes), num_threads()
     if pool is None or pool.shape[0] < rows:
         from ..device.crosscore import new_cross_pool
