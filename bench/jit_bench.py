@@ -165,6 +165,17 @@ times.sort()
 print(json.dumps({{"min": times[0], "median": times[len(times) // 2], "p90": times[int(len(times) * 0.9)]}}))
 """
 
+# One cold compile with deep_gemm.jit.warmup.record on: the device functions each kernel's code asks for, in order
+# (the helper off, so that every one is compiled here and seen).
+RECORD = """
+import json
+{setup}
+from deep_gemm.jit import warmup
+with warmup.record() as recorder:
+    kernel = make(0); first_call(kernel)
+print(json.dumps(recorder.plans))
+"""
+
 
 # The FP8 operands of an M = N = K = {size} call, made with numpy and ml_dtypes only (a child script's lines, before
 # `import deep_gemm`; startup_bench.py uses them too).
@@ -217,12 +228,35 @@ class Row:
                 f"({self.detail})")
 
 
-def run(code: str, cache_dir: str) -> dict:
-    env = dict(os.environ, DG_JIT_CACHE_DIR=cache_dir)
+def run(code: str, cache_dir: str, **env_vars: str) -> dict:
+    env = dict(os.environ, DG_JIT_CACHE_DIR=cache_dir, **env_vars)
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def record_plans(kernels: list[str]) -> Path:
+    """Rewrite deep_gemm/jit/warmup_plans.json from one cold compile of each kernel (each in a fresh child process
+    with an empty cache; the helper off). Returns the file written."""
+    from deep_gemm.jit import warmup
+
+    plans: dict[str, list] = {}
+    for name in kernels:
+        with tempfile.TemporaryDirectory(prefix="dg-jit-plan-") as cache_dir:
+            recorded = run(RECORD.format(setup=SETUP[name]), cache_dir, DG_JIT_WARMUP="0")
+        for kernel, entries in recorded.items():
+            plans.setdefault(kernel, [])
+            plans[kernel] += [e for e in entries if e not in plans[kernel]]
+        print(f"{name}: " + ", ".join(f"{k} {len(v)} entries" for k, v in recorded.items()), flush=True)
+    about = ("deep_gemm.jit.warmup's plans: per kernel, the device functions (module, qualname, argument types) its "
+             "code asks numba to compile, in that order. Written by python bench/jit_bench.py --record-plans.")
+    kernels_text = ",\n".join(f"  {json.dumps(k)}: [\n" + ",\n".join(f"   {json.dumps(e)}" for e in v) + "\n  ]"
+                               for k, v in sorted(plans.items()))
+    text = f'{{\n "about": {json.dumps(about)},\n "plans": {{\n{kernels_text}\n }}\n}}\n'
+    assert json.loads(text)["plans"] == plans
+    warmup.PLANS_FILE.write_text(text)
+    return warmup.PLANS_FILE
 
 
 def startup_row(cache_dir: str, runs: int = 3, size: int = STARTUP_SIZE) -> Row:
@@ -283,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="fresh processes timed for the start-up row (0: skip it)")
     parser.add_argument("--startup-size", type=int, default=STARTUP_SIZE,
                         help="M = N = K of the cached FP8 kernel the start-up row calls")
+    parser.add_argument("--record-plans", action="store_true",
+                        help="rewrite deep_gemm/jit/warmup_plans.json from cold compiles of --kernels, then exit")
     args = parser.parse_args(argv)
     for flag, value, low in (("--reps", args.reps, 1), ("--calls", args.calls, 1),
                              ("--startup-runs", args.startup_runs, 0), ("--startup-size", args.startup_size, 32)):
@@ -291,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     templates = {"fp8_gemm": "fp8_gemm.asc.j2", "hc_prenorm": "tf32_hc_prenorm_gemm.asc.j2",
                  "mqa_logits": "mqa_logits.asc.j2", "paged_mqa_logits": "paged_mqa_logits.asc.j2"}
     kernels = [k for k in args.kernels if k not in templates or (REPO / "templates" / templates[k]).is_file()]
+    if args.record_plans:
+        print(f"wrote {record_plans(kernels)}")
+        return 0
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="dg-jit-bench-") as root:
         print(f"deep_gemm JIT bench ({os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, "

@@ -98,6 +98,11 @@ DG_JIT_NOTICE = _declare(
     "Print one line on stderr, when it is a terminal, as a kernel starts and ends compiling (0: only the logging "
     "record of logger deep_gemm.jit)",
 )
+DG_JIT_WARMUP = _declare(
+    "DG_JIT_WARMUP", bool, True,
+    "While a kernel compiles cold, compile the device functions it will call in a second process on a spare CPU "
+    "(0: off; off anyway on one CPU)",
+)
 DG_TEST_MAX_WORKERS = _declare(
     "DG_TEST_MAX_WORKERS", int, None, "Worker processes for parallel precompilation (default: CPU count)", minimum=1
 )

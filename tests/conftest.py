@@ -23,6 +23,9 @@ if not os.environ.get("DG_JIT_CACHE_DIR") and not os.environ.get("PYTEST_XDIST_W
     _SESSION_CACHE = tempfile.mkdtemp(prefix="dg-test-cache-")
     os.environ["DG_JIT_CACHE_DIR"] = _SESSION_CACHE
 
+# NOTES: the suite's two workers keep both CPUs busy, so a warm-up helper per cold compile (jit/warmup.py) would only
+# compete with them; tests/jit/test_warmup.py turns it on where it is the subject.
+os.environ.setdefault("DG_JIT_WARMUP", "0")
 
 # NOTES: a shell starts a background job (and a CI runner may start the suite) with SIGINT ignored, and children
 # inherit an ignored signal; then Python installs no KeyboardInterrupt handler and the Ctrl-C tests would test

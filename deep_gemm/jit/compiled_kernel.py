@@ -333,11 +333,18 @@ class CompiledKernel:
 
         t0 = time.perf_counter()
         before = self.numba_stats()
+        helper = None
+        if "_compile_notice" in self.__dict__:  # a build that missed every cache: device functions too, likely
+            from . import warmup
+
+            helper = warmup.start(self.name)
         with _interrupts_seen() as seen:
             try:
                 for fn in self.phase_fns:
                     fn.compile(sig)
             except BaseException as e:
+                if helper is not None:
+                    helper.stop()
                 notice = self.__dict__.pop("_compile_notice", None)  # a compile this process announced (notice.py)
                 if notice is not None:
                     notice.finish(failed=True)
@@ -349,6 +356,8 @@ class CompiledKernel:
                 if isinstance(e, numba.core.errors.NumbaError):
                     raise self._compile_error(e, args) from e
                 raise
+        if helper is not None:
+            helper.stop()
         if seen:  # swallowed inside a callback (LLVM's object-code hook), the compile then went on: still honour it
             notice = self.__dict__.pop("_compile_notice", None)
             if notice is not None:

@@ -1,0 +1,180 @@
+"""The warm-up helper (jit/warmup.py): a second process compiles the device functions of a cold kernel compile into
+the shared numba cache, the compile loads what the helper finished, and nothing else changes: the plan format, the
+shipped plans, when a helper starts and stops, and the cache it leaves behind. Every child has a cache of its own."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from jit_helpers import EXAMPLE_DEVICE, VADD_CONSTS, run_child
+from numba.core import types
+
+from deep_gemm.jit import numba_cache, warmup
+
+ON = {"DG_JIT_WARMUP": "1"}
+
+
+@pytest.mark.parametrize("t", [
+    types.int64, types.int32, types.uint8, types.float32, types.boolean,
+    types.Array(types.uint8, 2, "C"), types.Array(types.float32, 1, "A", readonly=True),
+    types.Array(types.int16, 3, "F"), types.UniTuple(types.int64, 2), types.NumberClass(types.uint16),
+    types.literal(True), types.literal(False), types.literal(7),
+])
+def test_type_text_round_trips(t):
+    text = warmup.type_text(t)
+    assert text is not None and warmup.parse_type(text) == t
+
+
+@pytest.mark.parametrize("t", [
+    types.Tuple((types.int64, types.float32)), types.unicode_type, types.Array(types.uint8, 1, "C", aligned=False),
+    types.UniTuple(types.Array(types.uint8, 1, "C"), 2), types.literal("x"),
+])
+def test_types_without_text_leave_their_entry_out(t):
+    assert warmup.type_text(t) is None
+
+
+@pytest.mark.parametrize("text", ["array(uint8,2,Z)", "array(uint8,2)", "unicode_type", "class(none)", "Array",
+                                  "literal(x)", 5, ""])
+def test_bad_type_text_is_a_value_error_naming_it(text):
+    with pytest.raises(ValueError, match="warm-up plan"):
+        warmup.parse_type(text)
+
+
+def test_shipped_plans_name_deep_gemm_functions_with_matching_arity():
+    plans = warmup.plans()
+    # the kernels bench/jit_bench.py --record-plans compiles
+    assert {"fp8_gemm", "tf32_hc_prenorm_gemm", "mqa_logits", "paged_mqa_logits", "vadd"} <= set(plans)
+    for kernel, entries in plans.items():
+        assert entries, kernel
+        for module, qualname, texts in entries:
+            disp = warmup._dispatcher(module, qualname)
+            parsed = [warmup.parse_type(t) for t in texts]
+            # a stale entry (the function's parameters changed) would make the helper compile nothing useful
+            inspect.signature(disp.py_func).bind(*parsed)
+
+
+def test_dispatcher_refuses_anything_but_deep_gemm_functions():
+    for module, qualname in (("os", "system"), ("deep_gemm.jit.warmup", "main"),
+                             ("deep_gemm.device.crosscore", "_borrow_impl.<locals>.<lambda>")):
+        with pytest.raises(ValueError, match="warm-up plan"):
+            warmup._dispatcher(module, qualname)
+
+
+def test_start_declines_when_nothing_can_be_gained(monkeypatch):
+    monkeypatch.setenv("DG_JIT_WARMUP", "1")
+    monkeypatch.setattr(warmup, "_plans", {"k": [["deep_gemm.device.sync", "SetFlag", ["int64", "int64"]]]})
+    started = []
+    monkeypatch.setattr(warmup.subprocess, "Popen", lambda *a, **k: started.append(a) or pytest.fail("started"))
+    assert warmup.start("no such kernel") is None
+    from deep_gemm.device.sync import SetFlag
+
+    SetFlag.compile((types.int64, types.int64))  # compiled in this process: the plan has nothing left
+    assert warmup.pending(warmup.plans()["k"]) == []
+    assert warmup.start("k") is None
+    monkeypatch.setattr(warmup, "_plans", {"k": [["deep_gemm.device.sync", "SetFlag", ["int32", "int32"]]]})
+    monkeypatch.setattr(warmup, "_usable_cpus", lambda: 1)
+    assert warmup.start("k") is None
+    monkeypatch.setattr(warmup, "_usable_cpus", lambda: 2)
+    monkeypatch.setenv("DG_JIT_WARMUP", "0")
+    assert warmup.start("k") is None
+    assert not started
+
+
+# Counts the numba compiles of the example device module's functions while vadd builds and runs.
+VADD_COMPILES = f"""
+import json
+import numpy as np
+from numba.core import event
+from deep_gemm.jit import add_listener, build, warmup
+
+compiled = []
+class Listener(event.Listener):
+    def on_start(self, ev):
+        f = ev.data["dispatcher"].py_func
+        if f.__module__ == {EXAMPLE_DEVICE!r}:
+            compiled.append(f.__qualname__)
+    def on_end(self, ev):
+        pass
+event.register("numba:compile", Listener())
+seen = []
+add_listener(lambda kind, info: seen.append([kind, info.get("kernel")]) if kind.startswith("warmup") else None)
+helper_status = None
+if PRE_WARM:
+    helper = warmup.start("vadd")
+    helper_status = helper.wait(120)
+    import os
+    os.environ["DG_JIT_WARMUP"] = "0"
+k = build("vadd", {VADD_CONSTS!r}, template="examples/vadd", device_module={EXAMPLE_DEVICE!r})
+x = np.arange(50, dtype=np.float32); y = np.ones(50, np.float32); z = np.zeros(50, np.float32)
+k(np.zeros(1, np.uint8), x, y, z, 50)
+warmup.stop_all()
+print(json.dumps({{"compiled": compiled, "events": seen, "helper_status": helper_status,
+                  "ok": bool(np.array_equal(z, (x + y) * np.float32({VADD_CONSTS['SCALE']!r})))}}))
+"""
+
+
+def test_the_compile_loads_what_the_helper_compiled(tmp_path):
+    alone = run_child("PRE_WARM = False\n" + VADD_COMPILES, tmp_path / "alone", extra_env={"DG_JIT_WARMUP": "0"})
+    assert alone["ok"] and sorted(alone["compiled"]) == ["SetFlag", "WaitFlag"] and alone["events"] == []
+    warmed = run_child("PRE_WARM = True\n" + VADD_COMPILES, tmp_path / "warmed", extra_env=ON)
+    assert warmed["ok"] and warmed["helper_status"] == 0
+    assert warmed["compiled"] == []  # both loaded from the cache the helper wrote
+    assert warmed["events"] == [["warmup_start", "vadd"]]
+
+
+def test_a_cold_compile_starts_the_helper_and_stops_it(tmp_path):
+    out = run_child("PRE_WARM = False\n" + VADD_COMPILES, tmp_path, extra_env=ON)
+    assert out["ok"]
+    assert out["events"] == [["warmup_start", "vadd"], ["warmup_stop", "vadd"]]
+    # a second process: the kernel is cached, nothing compiles and no helper starts
+    again = run_child("PRE_WARM = False\n" + VADD_COMPILES, tmp_path, extra_env=ON)
+    assert again["ok"] and again["compiled"] == [] and again["events"] == []
+
+
+def _helper(root, plan, **kwargs) -> subprocess.Popen:
+    env = dict(os.environ, DG_JIT_CACHE_DIR=str(root), DG_JIT_WARMUP="0")
+    proc = subprocess.Popen([sys.executable, "-m", "deep_gemm.jit.warmup"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, **kwargs)
+    proc.stdin.write(plan if isinstance(plan, str) else json.dumps(plan))
+    proc.stdin.close()
+    return proc
+
+
+def _assert_cache_consistent(root):
+    numba_dir = root / numba_cache.SHARED_DIR
+    assert not [p for p in root.rglob("*") if ".tmp." in p.name], "a temporary file was left behind"
+    for directory in [d for d in numba_dir.iterdir() if d.is_dir()] if numba_dir.exists() else []:
+        recorded = numba_cache.read_manifest(directory)  # raises when the manifest does not verify
+        for name, digest in recorded.items():
+            assert numba_cache._sha256((directory / name).read_bytes()) == digest, name
+        on_disk = {p.name for p in directory.iterdir() if p.suffix in (".nbi", ".nbc")}
+        assert on_disk <= set(recorded), f"files the manifest does not vouch for: {on_disk - set(recorded)}"
+
+
+def test_stale_entries_are_skipped_and_a_bad_plan_refused(tmp_path):
+    plan = [["deep_gemm.device.sync", "NoSuchFunction", ["int64"]], ["os", "system", ["int64"]],
+            ["deep_gemm.device.sync", "SetFlag", ["int64", "int64"]]]
+    proc = _helper(tmp_path, plan)
+    assert proc.wait(120) == 0
+    err = proc.stderr.read()
+    assert "NoSuchFunction" in err and "'os'" in err and "SetFlag" not in err
+    assert any(tmp_path.rglob("sync.SetFlag-*.nbi"))
+    _assert_cache_consistent(tmp_path)
+    bad = _helper(tmp_path / "bad", "{not json")
+    assert bad.wait(60) == 1 and "deep_gemm.jit.warmup" in bad.stderr.read()
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_stopped_helper_leaves_a_consistent_cache(tmp_path):
+    proc = _helper(tmp_path, warmup.plans()["paged_mqa_logits"])
+    time.sleep(3.0)  # mid-plan: the helper is compiling (or saving) one of its functions
+    running = proc.poll() is None
+    proc.terminate()
+    assert proc.wait(30) == 0 or not running
+    _assert_cache_consistent(tmp_path)
