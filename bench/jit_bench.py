@@ -175,13 +175,13 @@ times.sort()
 print(json.dumps({{"min": times[0], "median": times[len(times) // 2], "p90": times[int(len(times) * 0.9)]}}))
 """
 
-# One cold compile with deep_gemm.jit.warmup.record on: the device functions each kernel's code asks for, in order
+# One cold compile with deep_gemm.jit.warmup.Recorder on: the device functions each kernel's code asks for, in order
 # (the helper off, so that every one is compiled here and seen).
 RECORD = """
 import json
 {setup}
 from deep_gemm.jit import warmup
-with warmup.record() as recorder:
+with warmup.Recorder() as recorder:
     kernel = make(0); first_call(kernel)
 print(json.dumps(recorder.plans))
 """

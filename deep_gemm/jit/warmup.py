@@ -12,8 +12,9 @@ before. Nothing depends on the helper: a plan that is stale, a helper that fails
 and no file other than numba's cache entries, which are the ones this process would have written.
 
 Plans ship in warmup_plans.json (``python bench/jit_bench.py --record-plans`` rewrites it: one cold compile of each
-of its kernels with ``record`` on). A plan names the calls the kernel's own code makes; what those device functions
-call in turn is compiled with them. DG_JIT_WARMUP=0 turns it off; it is off on one CPU and without a writable cache.
+of its kernels with a ``Recorder`` on). A plan names the calls the kernel's own code makes; what those device
+functions call in turn is compiled with them. DG_JIT_WARMUP=0 turns it off; it is off on one CPU and without a
+writable cache.
 
 NOTES: the helper changes how long a compile takes, never what it produces: numba keys a cached function by its
 argument types and the machine, and the helper compiles with this process's environment (the same numba settings)
@@ -158,7 +159,7 @@ def pending(entries: list) -> list:
     return out
 
 
-class record:
+class Recorder:
     """Context manager: records, per kernel, the device functions (and argument types) that the kernel's own code
     asks numba to compile, in that order; ``plans`` is {kernel name: entries} afterwards. Functions compiled
     earlier in the process are not asked for again, so record in a fresh process with a cold cache."""
@@ -238,6 +239,17 @@ class Warmup:
         else:
             _forget(self.proc)
         emit("warmup_stop", kernel=self.kernel)
+
+
+def _forget_all_in_child() -> None:
+    """In a forked child: the parent's helpers are not this process's to stop."""
+    global _live_lock
+    _live_lock = threading.Lock()
+    _live.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_all_in_child)
 
 
 def _forget(proc: subprocess.Popen) -> None:

@@ -59,6 +59,42 @@ def test_shipped_plans_name_deep_gemm_functions_with_matching_arity():
             inspect.signature(disp.py_func).bind(*parsed)
 
 
+RECORD_VADD = f"""
+import json
+import numpy as np
+from deep_gemm.jit import build, warmup
+with warmup.Recorder() as recorder:
+    k = build("vadd", {VADD_CONSTS!r}, template="examples/vadd", device_module={EXAMPLE_DEVICE!r})
+    k(np.zeros(1, np.uint8), *(np.ones(8, np.float32) for _ in range(3)), 8)
+print(json.dumps(recorder.plans))
+"""
+
+
+def test_a_cold_compile_records_the_shipped_plan(tmp_path):
+    recorded = run_child(RECORD_VADD, tmp_path, extra_env={"DG_JIT_WARMUP": "0"})
+    del recorded["stderr"]
+    assert recorded == {"vadd": warmup.plans()["vadd"]}
+
+
+@pytest.mark.slow
+def test_the_shipped_plans_are_what_cold_compiles_record(tmp_path):
+    import shutil
+
+    bench = os.path.join(os.path.dirname(__file__), "..", "..", "bench")
+    sys.path.insert(0, bench)
+    try:
+        import jit_bench
+    finally:
+        sys.path.remove(bench)
+    shipped = warmup.PLANS_FILE.read_text()
+    shutil.copy(warmup.PLANS_FILE, tmp_path / "shipped.json")
+    try:
+        jit_bench.record_plans(list(jit_bench.SETUP))
+        assert warmup.PLANS_FILE.read_text() == shipped, "the shipped plans are stale: commit the rewritten file"
+    finally:
+        shutil.copy(tmp_path / "shipped.json", warmup.PLANS_FILE)
+
+
 def test_dispatcher_refuses_anything_but_deep_gemm_functions():
     for module, qualname in (("os", "system"), ("deep_gemm.jit.warmup", "main"),
                              ("deep_gemm.device.crosscore", "_borrow_impl.<locals>.<lambda>")):
