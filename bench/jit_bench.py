@@ -123,6 +123,84 @@ SETUP["mqa_logits"] = textwrap.dedent(_MQA_SETUP.format(stand_in="stand_in_ragge
 SETUP["paged_mqa_logits"] = textwrap.dedent(_MQA_SETUP.format(stand_in="stand_in_paged", inputs="paged_inputs",
                                                               shape="4, 512"))
 
+# Recorded for the warm-up plans only (--record-plans; no rows): the other kernel families, each call small. The
+# grouped GEMMs are fp8_gemm / bf16_gemm kernels with other constants (their plans are merged with the dense ones).
+PLAN_SETUP = {
+    "bf16_gemm": """
+        import ml_dtypes
+        import numpy as np
+        import deep_gemm
+        from deep_gemm.testing import grouped_layouts
+
+        bf16 = lambda *shape: np.random.default_rng(0).standard_normal(shape).astype(ml_dtypes.bfloat16)
+
+        def make(i):
+            return None
+
+        def first_call(_):
+            deep_gemm.bf16_gemm_nt(bf16(64, 512), bf16(256, 512), np.empty((64, 256), ml_dtypes.bfloat16))
+            psum, _, m = grouped_layouts([100, 60])
+            deep_gemm.m_grouped_bf16_gemm_nt_contiguous(bf16(m, 512), bf16(2, 256, 512),
+                                                        np.empty((m, 256), ml_dtypes.bfloat16), psum)
+            deep_gemm.m_grouped_bf16_gemm_nt_masked(bf16(2, 32, 512), bf16(2, 256, 512),
+                                                    np.empty((2, 32, 256), ml_dtypes.bfloat16),
+                                                    np.array([32, 5], np.int32), 32)
+            psum_k, _, k_total = grouped_layouts([256, 256])
+            deep_gemm.k_grouped_bf16_gemm_tn_contiguous(bf16(k_total, 48), bf16(k_total, 256),
+                                                        np.zeros((2, 48, 256), np.float32), [256, 256], psum_k)
+    """,
+    "fp8_grouped": """
+        import ml_dtypes
+        import numpy as np
+        import deep_gemm
+        from deep_gemm.testing import grouped_layouts
+        from deep_gemm.utils import per_token_cast_to_fp8
+
+        rng = np.random.default_rng(0)
+        fp8 = lambda *shape: per_token_cast_to_fp8(rng.standard_normal(shape).astype(np.float32), use_ue8m0=True,
+                                                   gran_k=32)
+        stack = lambda pairs: tuple(np.stack(t) for t in zip(*pairs))
+
+        def make(i):
+            return None
+
+        def first_call(_):
+            experts = stack([fp8(256, 512) for _ in range(2)])
+            psum, _, m = grouped_layouts([100, 60])
+            deep_gemm.m_grouped_fp8_fp4_gemm_nt_contiguous(fp8(m, 512), experts,
+                                                           np.empty((m, 256), ml_dtypes.bfloat16), psum)
+            deep_gemm.m_grouped_fp8_fp4_gemm_nt_masked(stack([fp8(32, 512) for _ in range(2)]), experts,
+                                                       np.empty((2, 32, 256), ml_dtypes.bfloat16),
+                                                       np.array([32, 5], np.int32), 32)
+    """,
+    "sparse_attention": """
+        import runpy
+
+        def make(i):
+            return None
+
+        def first_call(_):
+            runpy.run_path("examples/sparse_attention.py")  # paged MQA logits (fp32), topk, FlashMLA decode
+    """,
+    "flash_mla_prefill": """
+        import ml_dtypes
+        import numpy as np
+        import deep_gemm
+
+        rng = np.random.default_rng(0)
+
+        def make(i):
+            return None
+
+        def first_call(_):
+            q = (rng.standard_normal((4, 64, 512)) * 0.1).astype(ml_dtypes.bfloat16)
+            kv = (rng.standard_normal((200, 1, 512)) * 0.1).astype(ml_dtypes.bfloat16)
+            idx = np.stack([rng.permutation(200)[:128] for _ in range(4)]).astype(np.int32)[:, None, :]
+            deep_gemm.flash_mla_sparse_fwd(q, kv, idx, 512 ** -0.5)
+    """,
+}
+PLAN_SETUP = {name: textwrap.dedent(code) for name, code in PLAN_SETUP.items()}
+
 # Per kernel: the targets of its new-specialization and first-in-a-fresh-process compiles (seconds), and whether it
 # has the warm-load and dispatch rows.
 TARGETS = {"vadd": (3.0, 8.0, True), "fp8_gemm": (2.0, 6.0, True), "hc_prenorm": (10.0, 10.0, False),
@@ -246,15 +324,15 @@ def run(code: str, cache_dir: str, **env_vars: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def record_plans(kernels: list[str]) -> Path:
-    """Rewrite deep_gemm/jit/warmup_plans.json from one cold compile of each kernel (each in a fresh child process
-    with an empty cache; the helper off). Returns the file written."""
+def record_plans(setups: list[str]) -> Path:
+    """Rewrite deep_gemm/jit/warmup_plans.json from one cold compile of each setup (SETUP's or PLAN_SETUP's; each in
+    a fresh child process with an empty cache; the helper off). Returns the file written."""
     from deep_gemm.jit import warmup
 
     plans: dict[str, list] = {}
-    for name in kernels:
+    for name in setups:
         with tempfile.TemporaryDirectory(prefix="dg-jit-plan-") as cache_dir:
-            recorded = run(RECORD.format(setup=SETUP[name]), cache_dir, DG_JIT_WARMUP="0")
+            recorded = run(RECORD.format(setup={**SETUP, **PLAN_SETUP}[name]), cache_dir, DG_JIT_WARMUP="0")
         for kernel, entries in recorded.items():
             plans.setdefault(kernel, [])
             plans[kernel] += [e for e in entries if e not in plans[kernel]]
@@ -340,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
                  "mqa_logits": "mqa_logits.asc.j2", "paged_mqa_logits": "paged_mqa_logits.asc.j2"}
     kernels = [k for k in args.kernels if k not in templates or (REPO / "templates" / templates[k]).is_file()]
     if args.record_plans:
-        print(f"wrote {record_plans(kernels)}")
+        print(f"wrote {record_plans(kernels + list(PLAN_SETUP))}")
         return 0
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="dg-jit-bench-") as root:

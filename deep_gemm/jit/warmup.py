@@ -161,46 +161,61 @@ def pending(entries: list) -> list:
 
 class Recorder:
     """Context manager: records, per kernel, the device functions (and argument types) that the kernel's own code
-    asks numba to compile, in that order; ``plans`` is {kernel name: entries} afterwards. Functions compiled
-    earlier in the process are not asked for again, so record in a fresh process with a cold cache."""
+    asks numba for while numba compiles it, in that order (also those compiled or loaded earlier in the process);
+    ``plans`` is {kernel name: entries} afterwards. A kernel loaded from numba's cache is not compiled, so nothing
+    of it is recorded: record with a cold cache."""
 
     def __init__(self):
         self.plans: dict[str, list] = {}
-        self._stack: list[str] = []
+        self._compiling: list[str] = []  # modules of the functions numba is compiling, innermost last
         self._listener = None
+        self._original = None
+
+    def _asked(self, disp, sig) -> None:
+        caller = _KERNEL_MODULE.match(self._compiling[-1]) if self._compiling else None
+        module = getattr(disp.py_func, "__module__", "") or ""
+        if caller is None or not module.startswith(_DEVICE_PREFIX) or "<" in disp.py_func.__qualname__:
+            return
+        from numba.core import sigutils
+
+        texts = [type_text(t) for t in sigutils.normalize_signature(sig)[0]]
+        if None in texts:
+            return
+        entry = [module, disp.py_func.__qualname__, texts]
+        plan = self.plans.setdefault(caller["name"], [])
+        if entry not in plan:
+            plan.append(entry)
 
     def __enter__(self):
-        from numba.core import event
+        from numba.core import dispatcher, event
 
-        outer = self
+        compiling = self._compiling
 
         class Listener(event.Listener):
             def on_start(self, ev):
-                disp = ev.data["dispatcher"]
-                module = getattr(disp.py_func, "__module__", "") or ""
-                caller = _KERNEL_MODULE.match(outer._stack[-1]) if outer._stack else None
-                outer._stack.append(module)
-                if caller is None or not module.startswith(_DEVICE_PREFIX) or "<" in disp.py_func.__qualname__:
-                    return
-                texts = [type_text(t) for t in ev.data["args"]]
-                if None in texts:
-                    return
-                entry = [module, disp.py_func.__qualname__, texts]
-                plan = outer.plans.setdefault(caller["name"], [])
-                if entry not in plan:
-                    plan.append(entry)
+                compiling.append(getattr(ev.data["dispatcher"].py_func, "__module__", "") or "")
 
             def on_end(self, ev):
-                outer._stack.pop()
+                if compiling:  # (a compile that started before the recorder)
+                    compiling.pop()
 
+        original = self._original = dispatcher.Dispatcher.compile
+        recorder = self
+
+        def compile(disp, sig):
+            recorder._asked(disp, sig)
+            return original(disp, sig)
+
+        dispatcher.Dispatcher.compile = compile
         self._listener = Listener()
         event.register("numba:compile", self._listener)
         return self
 
     def __exit__(self, *exc):
-        from numba.core import event
+        from numba.core import dispatcher, event
 
         event.unregister("numba:compile", self._listener)
+        dispatcher.Dispatcher.compile = self._original
         return False
 
 
@@ -220,6 +235,7 @@ class Warmup:
 
     def __init__(self, proc: subprocess.Popen, kernel: str, entries: int):
         self.proc, self.kernel, self.entries = proc, kernel, entries
+        self.stopped = False
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the helper to finish its plan; returns its exit status (0: every entry was tried)."""
@@ -230,6 +246,9 @@ class Warmup:
     def stop(self) -> None:
         """End the helper now (its remaining entries are not needed once the kernel compiled) and reap it in the
         background."""
+        if self.stopped:
+            return
+        self.stopped = True
         if self.proc.poll() is None:
             try:
                 self.proc.terminate()

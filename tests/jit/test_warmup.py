@@ -59,18 +59,22 @@ def test_shipped_plans_name_deep_gemm_functions_with_matching_arity():
             inspect.signature(disp.py_func).bind(*parsed)
 
 
+# vadd with another SCALE first (its device functions are then compiled), then recorded
 RECORD_VADD = f"""
 import json
 import numpy as np
 from deep_gemm.jit import build, warmup
-with warmup.Recorder() as recorder:
-    k = build("vadd", {VADD_CONSTS!r}, template="examples/vadd", device_module={EXAMPLE_DEVICE!r})
+def run(consts):
+    k = build("vadd", consts, template="examples/vadd", device_module={EXAMPLE_DEVICE!r})
     k(np.zeros(1, np.uint8), *(np.ones(8, np.float32) for _ in range(3)), 8)
+run({{**{VADD_CONSTS!r}, "SCALE": 3.0}})
+with warmup.Recorder() as recorder:
+    run({VADD_CONSTS!r})
 print(json.dumps(recorder.plans))
 """
 
 
-def test_a_cold_compile_records_the_shipped_plan(tmp_path):
+def test_a_compile_records_the_shipped_plan_also_after_its_device_functions_compiled(tmp_path):
     recorded = run_child(RECORD_VADD, tmp_path, extra_env={"DG_JIT_WARMUP": "0"})
     del recorded["stderr"]
     assert recorded == {"vadd": warmup.plans()["vadd"]}
@@ -89,7 +93,7 @@ def test_the_shipped_plans_are_what_cold_compiles_record(tmp_path):
     shipped = warmup.PLANS_FILE.read_text()
     shutil.copy(warmup.PLANS_FILE, tmp_path / "shipped.json")
     try:
-        jit_bench.record_plans(list(jit_bench.SETUP))
+        jit_bench.record_plans([*jit_bench.SETUP, *jit_bench.PLAN_SETUP])
         assert warmup.PLANS_FILE.read_text() == shipped, "the shipped plans are stale: commit the rewritten file"
     finally:
         shutil.copy(tmp_path / "shipped.json", warmup.PLANS_FILE)
