@@ -262,6 +262,20 @@ def test_hung_rank_times_out():
     assert time.monotonic() - t0 < 40 and not leftovers(info.value.prefix)
 
 
+def warmup_setting(rank, num_ranks):
+    return os.environ.get("DG_JIT_WARMUP")
+
+
+def test_ranks_as_many_as_the_cpus_run_without_warm_up_helpers(monkeypatch):
+    cpus = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("DG_JIT_WARMUP", raising=False)
+    assert spawn(warmup_setting, max(cpus, 2)) == ["0"] * max(cpus, 2)
+    if cpus > 1:
+        assert spawn(warmup_setting, 1) == [None]  # a spare CPU: the helper may run
+    monkeypatch.setenv("DG_JIT_WARMUP", "1")
+    assert spawn(warmup_setting, 2) == ["1", "1"]  # the user's setting stands
+
+
 def test_spawn_checks_its_arguments():
     with pytest.raises(ValueError, match="num_ranks"):
         spawn(hangs, 0)
