@@ -317,7 +317,7 @@ def start(kernel: str) -> Warmup | None:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)
     quiet = envs.DG_JIT_DEBUG.get() < 1
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "deep_gemm.jit.warmup"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "deep_gemm.jit.warmup", str(os.getpid())], stdin=subprocess.PIPE,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL if quiet else None, env=env)
     except OSError as e:
         debug(1, f"{kernel}: warm-up helper not started ({type(e).__name__}: {e})")
@@ -342,10 +342,26 @@ def _exit_on_term(signum, frame):
     raise SystemExit(0)
 
 
-def main() -> int:
-    """Compile the plan on stdin (a JSON list of entries), last entry first. Exit status 0 when every entry was
-    tried (entries that failed are named on stderr; 1 when the plan itself did not parse)."""
+def _die_with_parent(parent: int | None) -> None:
+    """SIGTERM when the thread that started this helper ends (Linux's PR_SET_PDEATHSIG: a compiling process killed
+    outright leaves no helper behind); exit now if that process is gone already."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the helper ends with its plan
+        pass
+    if parent is not None and os.getppid() != parent:
+        raise SystemExit(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Compile the plan on stdin (a JSON list of entries), last entry first; argv: the starting process's pid, if
+    any. Exit status 0 when every entry was tried (entries that failed are named on stderr; 1 when the plan itself
+    did not parse)."""
     signal.signal(signal.SIGTERM, _exit_on_term)
+    argv = sys.argv[1:] if argv is None else argv
+    _die_with_parent(int(argv[0]) if argv and argv[0].isdigit() else None)
     try:
         entries = json.load(sys.stdin)
         if not isinstance(entries, list):

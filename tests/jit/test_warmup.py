@@ -218,3 +218,95 @@ def test_a_stopped_helper_leaves_a_consistent_cache(tmp_path):
     proc.terminate()
     assert proc.wait(30) == 0 or not running
     _assert_cache_consistent(tmp_path)
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie left for a PID 1 that does not reap counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def _wait_gone(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _gone(pid):
+            return True
+        time.sleep(0.05)
+    return _gone(pid)
+
+
+# A cold FP8 GEMM compile interrupted by SIGINT 0.5 s after its helper started; then the same call again.
+INTERRUPTED = """
+import json, os, signal, threading, time
+import ml_dtypes
+import numpy as np
+import deep_gemm
+from deep_gemm.jit import add_listener
+from deep_gemm.testing import calc_diff
+from deep_gemm.utils import per_token_cast_to_fp8
+
+def alive(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+helpers, alive_at_interrupt = [], []
+def interrupt():
+    alive_at_interrupt.append(alive(helpers[0]))
+    os.kill(os.getpid(), signal.SIGINT)
+def on_event(kind, info):
+    if kind == "warmup_start" and not helpers:
+        helpers.append(info["pid"])
+        threading.Timer(0.5, interrupt).start()
+add_listener(on_event)
+rng = np.random.default_rng(0)
+x, w = rng.standard_normal((64, 256), dtype=np.float32), rng.standard_normal((128, 256), dtype=np.float32)
+a, b = (per_token_cast_to_fp8(t, use_ue8m0=True, gran_k=32) for t in (x, w))
+d = np.empty((64, 128), ml_dtypes.bfloat16)
+interrupted = False
+try:
+    deep_gemm.fp8_gemm_nt(a, b, d)
+except KeyboardInterrupt:
+    interrupted = True
+time.sleep(1.0)
+helper_alive_after = alive(helpers[0])
+deep_gemm.fp8_gemm_nt(a, b, d)
+print(json.dumps({"interrupted": interrupted, "alive_at_interrupt": alive_at_interrupt,
+                  "helper_alive_after": helper_alive_after, "diff": float(calc_diff(d.astype(np.float32), x @ w.T))}))
+"""
+
+
+def test_ctrl_c_during_a_cold_compile_stops_its_helper(tmp_path):
+    out = run_child(INTERRUPTED, tmp_path, extra_env=ON)
+    assert out["interrupted"] and out["alive_at_interrupt"] == [True], out
+    assert not out["helper_alive_after"], "the helper outlived the interrupted compile"
+    assert out["diff"] < 1e-2  # the call after the interrupt compiles and computes the GEMM
+    _assert_cache_consistent(tmp_path)
+
+
+# Starts a helper on the paged plan, prints its pid and sleeps until it is killed.
+ORPHAN = """
+import json, sys, time
+from deep_gemm.jit import warmup
+helper = warmup.start("paged_mqa_logits")
+print(json.dumps({"pid": helper.proc.pid}), flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_helper_ends_when_its_process_is_killed(tmp_path):
+    env = dict(os.environ, DG_JIT_CACHE_DIR=str(tmp_path), DG_JIT_WARMUP="1")
+    parent = subprocess.Popen([sys.executable, "-c", ORPHAN], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        pid = json.loads(parent.stdout.readline())["pid"]
+        time.sleep(1.5)  # the helper is compiling
+        assert not _gone(pid)
+    finally:
+        parent.kill()
+        parent.wait()
+    assert _wait_gone(pid, 10.0), "the helper outlived the process that started it"
+    _assert_cache_consistent(tmp_path)
