@@ -8,11 +8,11 @@ them at the same time: when a compile announced by notice.py starts, ``start`` r
 deep_gemm.jit.warmup`` on a spare CPU with the kernel's plan, the (function, argument types) pairs its compile
 will ask for, in the order it asks. The helper works from the end of the plan while the kernel's compile starts
 from its beginning; numba loads from disk whatever the helper finished first, and compiles the rest itself as
-before. Nothing depends on the helper: a plan that is stale, a helper that fails or is stopped, changes no result
-and no file other than numba's cache entries, which are the ones this process would have written.
+before. Nothing depends on the helper: a plan that is stale, a helper that fails or is stopped, changes no result;
+the helper writes nothing but numba cache entries of deep_gemm's device functions.
 
 Plans ship in warmup_plans.json (``python bench/jit_bench.py --record-plans`` rewrites it: one cold compile of each
-of its kernels with a ``Recorder`` on). A plan names the calls the kernel's own code makes; what those device
+of its setups with a ``Recorder`` on). A plan names the calls the kernel's own code makes; what those device
 functions call in turn is compiled with them. DG_JIT_WARMUP=0 turns it off; it is off on one CPU and without a
 writable cache.
 
@@ -42,6 +42,7 @@ PLANS_FILE = Path(__file__).with_name("warmup_plans.json")
 _DEVICE_PREFIX = "deep_gemm."  # a plan names only deep_gemm's own functions
 _KERNEL_MODULE = re.compile(rf"^{KERNEL_MODULE_MARK}(?P<name>.+)_[0-9a-f]{{32}}$")
 _STOP_SECONDS = 5.0  # a stopped helper that has not exited by then is killed
+_MIN_PENDING = 2  # fewer functions left to compile than this (or than half the plan): no helper
 
 _live: set[subprocess.Popen] = set()
 _live_lock = threading.Lock()
@@ -142,16 +143,26 @@ def _dispatcher(module: str, qualname: str):
     return obj
 
 
+def _cached_on_disk(disp, sig: tuple) -> bool:
+    """Whether numba's disk cache has ``disp`` for ``sig`` (its index names the key numba would look up)."""
+    try:
+        cache = disp._cache
+        return cache._index_key(sig, disp.targetctx.codegen()) in cache._cache_file._load_index()
+    except Exception:  # numba's internals differ, no cache file, a damaged index: not known to be cached
+        return False
+
+
 def pending(entries: list) -> list:
-    """The entries of a plan that this process has not compiled yet (an entry that does not resolve is kept: the
-    helper skips it)."""
+    """The entries of a plan that a compile in this process would have to compile: neither compiled in this
+    process nor in numba's disk cache (an entry that does not resolve is kept: the helper skips it)."""
     out = []
     for entry in entries:
         try:
             module, qualname, texts = entry
             if module in sys.modules:
                 disp = _dispatcher(module, qualname)
-                if tuple(parse_type(t) for t in texts) in disp.overloads:
+                sig = tuple(parse_type(t) for t in texts)
+                if sig in disp.overloads or _cached_on_disk(disp, sig):
                     continue
         except (ValueError, TypeError, AttributeError):
             pass
@@ -299,8 +310,8 @@ def stop_all() -> None:
 
 
 def start(kernel: str) -> Warmup | None:
-    """Start a helper compiling ``kernel``'s plan, or None when there is nothing to gain: DG_JIT_WARMUP=0, one
-    usable CPU, no writable cache root, no plan, or every function of the plan compiled in this process already."""
+    """Start a helper compiling ``kernel``'s plan, or None when there is little to gain: DG_JIT_WARMUP=0, one usable
+    CPU, no writable cache root, no plan, or most of the plan compiled in this process or cached on disk already."""
     if not envs.DG_JIT_WARMUP.get() or _usable_cpus() < 2:
         return None
     from . import cache
@@ -309,8 +320,11 @@ def start(kernel: str) -> Warmup | None:
         root = cache.cache_roots().write
     except OSError:
         return None
-    entries = pending(plans().get(kernel, []))
-    if root is None or not entries:
+    plan = plans().get(kernel, [])
+    entries = pending(plan)
+    # NOTES: a plan is the union of the kernel's variants (dense and grouped GEMMs share a name): when most of it is
+    # compiled or cached already, what is left is likely another variant's, and the compile is short anyway.
+    if root is None or len(entries) < max(_MIN_PENDING, len(plan) / 2):
         return None
     package_parent = str(Path(__file__).resolve().parent.parent.parent)
     env = dict(os.environ, DG_JIT_CACHE_DIR=str(root), DG_JIT_WARMUP="0")

@@ -106,24 +106,45 @@ def test_dispatcher_refuses_anything_but_deep_gemm_functions():
             warmup._dispatcher(module, qualname)
 
 
-def test_start_declines_when_nothing_can_be_gained(monkeypatch):
-    monkeypatch.setenv("DG_JIT_WARMUP", "1")
-    monkeypatch.setattr(warmup, "_plans", {"k": [["deep_gemm.device.sync", "SetFlag", ["int64", "int64"]]]})
-    started = []
-    monkeypatch.setattr(warmup.subprocess, "Popen", lambda *a, **k: started.append(a) or pytest.fail("started"))
-    assert warmup.start("no such kernel") is None
-    from deep_gemm.device.sync import SetFlag
+class _FakeProcess:
+    pid = 1
 
-    SetFlag.compile((types.int64, types.int64))  # compiled in this process: the plan has nothing left
-    assert warmup.pending(warmup.plans()["k"]) == []
-    assert warmup.start("k") is None
-    monkeypatch.setattr(warmup, "_plans", {"k": [["deep_gemm.device.sync", "SetFlag", ["int32", "int32"]]]})
+    def __init__(self, *args, **kwargs):
+        import io
+
+        self.args, self.stdin = args, io.BytesIO()
+        self.stdin.close = lambda: None
+
+    def poll(self):
+        return None
+
+
+def test_start_declines_when_little_can_be_gained(monkeypatch):
+    started = []
+    monkeypatch.setattr(warmup.subprocess, "Popen", lambda *a, **k: started.append(_FakeProcess(*a)) or started[-1])
+    monkeypatch.setattr(warmup, "_live", set())
+    monkeypatch.setenv("DG_JIT_WARMUP", "1")
+    monkeypatch.setattr(warmup, "_usable_cpus", lambda: 2)
+    uncompiled = [["deep_gemm.device.sync", "SetFlag", ["int32", "int32"]],
+                  ["deep_gemm.device.sync", "WaitFlag", ["int32", "int32"]]]
+    monkeypatch.setattr(warmup, "_plans", {"k": uncompiled})
+    helper = warmup.start("k")  # (the fake process: nothing runs)
+    assert helper is not None and len(started) == 1 and json.loads(started[0].stdin.getvalue()) == uncompiled
+    assert warmup.start("no such kernel") is None
     monkeypatch.setattr(warmup, "_usable_cpus", lambda: 1)
     assert warmup.start("k") is None
     monkeypatch.setattr(warmup, "_usable_cpus", lambda: 2)
     monkeypatch.setenv("DG_JIT_WARMUP", "0")
     assert warmup.start("k") is None
-    assert not started
+    monkeypatch.setenv("DG_JIT_WARMUP", "1")
+    from deep_gemm.device.sync import SetFlag
+
+    SetFlag.compile((types.int64, types.int64))  # compiled in this process: pending() leaves it out
+    compiled = [["deep_gemm.device.sync", "SetFlag", ["int64", "int64"]]]
+    assert warmup.pending(compiled + uncompiled) == uncompiled
+    monkeypatch.setattr(warmup, "_plans", {"k": compiled * 3 + uncompiled[:1]})  # most of the plan compiled
+    assert warmup.start("k") is None
+    assert len(started) == 1
 
 
 # Counts the numba compiles of the example device module's functions while vadd builds and runs.
@@ -148,8 +169,8 @@ helper_status = None
 if PRE_WARM:
     helper = warmup.start("vadd")
     helper_status = helper.wait(120)
-    import os
-    os.environ["DG_JIT_WARMUP"] = "0"
+    import deep_gemm.jit.example_device  # (pending() looks only at imported modules, as a compile's are)
+    assert warmup.pending(warmup.plans()["vadd"]) == []  # on disk now: a compile would not start another helper
 k = build("vadd", {VADD_CONSTS!r}, template="examples/vadd", device_module={EXAMPLE_DEVICE!r})
 x = np.arange(50, dtype=np.float32); y = np.ones(50, np.float32); z = np.zeros(50, np.float32)
 k(np.zeros(1, np.uint8), x, y, z, 50)
@@ -165,7 +186,7 @@ def test_the_compile_loads_what_the_helper_compiled(tmp_path):
     warmed = run_child("PRE_WARM = True\n" + VADD_COMPILES, tmp_path / "warmed", extra_env=ON)
     assert warmed["ok"] and warmed["helper_status"] == 0
     assert warmed["compiled"] == []  # both loaded from the cache the helper wrote
-    assert warmed["events"] == [["warmup_start", "vadd"]]
+    assert warmed["events"] == [["warmup_start", "vadd"]]  # and the cold compile of vadd started no other helper
 
 
 def test_a_cold_compile_starts_the_helper_and_stops_it(tmp_path):
