@@ -324,18 +324,22 @@ def run(code: str, cache_dir: str, **env_vars: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def record_plans(setups: list[str]) -> Path:
-    """Rewrite deep_gemm/jit/warmup_plans.json from one cold compile of each setup (SETUP's or PLAN_SETUP's; each in
-    a fresh child process with an empty cache; the helper off). Returns the file written."""
+def record_plans(setups: list[str], out: Path | None = None) -> Path:
+    """Rewrite ``out`` (deep_gemm/jit/warmup_plans.json) from one cold compile of each setup (SETUP's or
+    PLAN_SETUP's; each in a fresh child process with an empty cache; the helper off). Returns the file written.
+
+    NOTES: a kernel several setups compile (dense and grouped GEMMs) gets the union; the entries a later setup adds
+    go in front, so that the helper, which starts from the end, works for the first setup's variant first."""
     from deep_gemm.jit import warmup
 
+    out = warmup.PLANS_FILE if out is None else out
     plans: dict[str, list] = {}
     for name in setups:
         with tempfile.TemporaryDirectory(prefix="dg-jit-plan-") as cache_dir:
             recorded = run(RECORD.format(setup={**SETUP, **PLAN_SETUP}[name]), cache_dir, DG_JIT_WARMUP="0")
         for kernel, entries in recorded.items():
-            plans.setdefault(kernel, [])
-            plans[kernel] += [e for e in entries if e not in plans[kernel]]
+            known = plans.setdefault(kernel, [])
+            plans[kernel] = [e for e in entries if e not in known] + known
         print(f"{name}: " + ", ".join(f"{k} {len(v)} entries" for k, v in recorded.items()), flush=True)
     about = ("deep_gemm.jit.warmup's plans: per kernel, the device functions (module, qualname, argument types) its "
              "code asks numba to compile, in that order. Written by python bench/jit_bench.py --record-plans.")
@@ -343,8 +347,8 @@ def record_plans(setups: list[str]) -> Path:
                                for k, v in sorted(plans.items()))
     text = f'{{\n "about": {json.dumps(about)},\n "plans": {{\n{kernels_text}\n }}\n}}\n'
     assert json.loads(text)["plans"] == plans
-    warmup.PLANS_FILE.write_text(text)
-    return warmup.PLANS_FILE
+    out.write_text(text)
+    return out
 
 
 def startup_row(cache_dir: str, runs: int = 3, size: int = STARTUP_SIZE) -> Row:

@@ -329,41 +329,14 @@ class CompiledKernel:
         return [*wanted, CORE_COUNTER_TYPE_NAME] == list(self.native.record.get("signature", ()))
 
     def _ensure_compiled(self, sig: tuple, args: tuple, build_native: bool = True) -> None:
-        import numba
-
         t0 = time.perf_counter()
         before = self.numba_stats()
-        helper = None
-        if "_compile_notice" in self.__dict__:  # a build that missed every cache: device functions too, likely
-            from . import warmup
-
-            helper = warmup.start(self.name)
-        with _interrupts_seen() as seen:
-            try:
-                for fn in self.phase_fns:
-                    fn.compile(sig)
-            except BaseException as e:
-                if helper is not None:
-                    helper.stop()
-                notice = self.__dict__.pop("_compile_notice", None)  # a compile this process announced (notice.py)
-                if notice is not None:
-                    notice.finish(failed=True)
-                if seen or isinstance(e, KeyboardInterrupt):
-                    _after_interrupt()
-                    if not isinstance(e, KeyboardInterrupt):
-                        raise seen[0] from e  # the interrupt was swallowed and resurfaced as another error
-                    raise
-                if isinstance(e, numba.core.errors.NumbaError):
-                    raise self._compile_error(e, args) from e
-                raise
-        if helper is not None:
-            helper.stop()
-        if seen:  # swallowed inside a callback (LLVM's object-code hook), the compile then went on: still honour it
-            notice = self.__dict__.pop("_compile_notice", None)
-            if notice is not None:
-                notice.finish(failed=True)
-            _after_interrupt()
-            raise seen[0]
+        helper = self._start_warmup() if "_compile_notice" in self.__dict__ else None
+        try:
+            self._compile_phases(sig, args)
+        finally:
+            if helper is not None:
+                helper.stop()
         after = self.numba_stats()
         if build_native:
             self._build_native(sig)
@@ -378,6 +351,45 @@ class CompiledKernel:
         if loaded:
             _event("numba_cache_load", kernel=self.name, digest=self.digest)
         _debug(1, f"{self.name}.{self.digest}: {how} in {self.timings['numba']:.3f}s")
+
+    def _start_warmup(self):
+        """A helper compiling this kernel's device functions beside its cold compile (jit/warmup.py), or None.
+        It only ever saves time: any error in starting one leaves the compile as it would be without it."""
+        from . import warmup
+
+        try:
+            return warmup.start(self.name)
+        except Exception as e:  # noqa: BLE001 - an optimization must not fail the compile
+            _debug(1, f"{self.name}.{self.digest}: no warm-up helper ({type(e).__name__}: {e})")
+            return None
+
+    def _compile_phases(self, sig: tuple, args: tuple) -> None:
+        """numba compiles (or loads) every phase function for ``sig``; an interrupt or a failure finishes the
+        compile notice as failed and surfaces as its own error."""
+        import numba
+
+        with _interrupts_seen() as seen:
+            try:
+                for fn in self.phase_fns:
+                    fn.compile(sig)
+            except BaseException as e:
+                notice = self.__dict__.pop("_compile_notice", None)  # a compile this process announced (notice.py)
+                if notice is not None:
+                    notice.finish(failed=True)
+                if seen or isinstance(e, KeyboardInterrupt):
+                    _after_interrupt()
+                    if not isinstance(e, KeyboardInterrupt):
+                        raise seen[0] from e  # the interrupt was swallowed and resurfaced as another error
+                    raise
+                if isinstance(e, numba.core.errors.NumbaError):
+                    raise self._compile_error(e, args) from e
+                raise
+        if seen:  # swallowed inside a callback (LLVM's object-code hook), the compile then went on: still honour it
+            notice = self.__dict__.pop("_compile_notice", None)
+            if notice is not None:
+                notice.finish(failed=True)
+            _after_interrupt()
+            raise seen[0]
 
     def _build_native(self, sig: tuple) -> None:
         """After numba compiled (or loaded) the entry for ``sig``: link its machine code into the entry's native

@@ -17,9 +17,10 @@ functions call in turn is compiled with them. DG_JIT_WARMUP=0 turns it off; it i
 writable cache.
 
 NOTES: the helper changes how long a compile takes, never what it produces: numba keys a cached function by its
-argument types and the machine, and the helper compiles with this process's environment (the same numba settings)
-into this process's cache root. Stopped (the compile ended, failed or was interrupted) it gets SIGTERM, which raises
-SystemExit between bytecodes: a cache write in progress removes its temporary file and releases its lock.
+argument types and the machine, and the helper runs this deep_gemm with this process's environment and interpreter
+flags (so deep_gemm's numba settings) into this process's cache root. numba.config changed in code is not passed on,
+as it is not to any later process that loads numba's cache. Stopped (the compile ended, failed or was interrupted)
+it gets SIGTERM and exits after the entry it is compiling: its cache writes are never cut short.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from .numba_facts import KERNEL_MODULE_MARK
 PLANS_FILE = Path(__file__).with_name("warmup_plans.json")
 _DEVICE_PREFIX = "deep_gemm."  # a plan names only deep_gemm's own functions
 _KERNEL_MODULE = re.compile(rf"^{KERNEL_MODULE_MARK}(?P<name>.+)_[0-9a-f]{{32}}$")
-_STOP_SECONDS = 5.0  # a stopped helper that has not exited by then is killed
+_STOP_SECONDS = 30.0  # a stopped helper finishes the entry it compiles; one still running after this is killed
 _MIN_PENDING = 2  # fewer functions left to compile than this (or than half the plan): no helper
 
 _live: set[subprocess.Popen] = set()
@@ -108,7 +109,10 @@ def parse_type(text: str):
         return types.NumberClass(scalar(m[1]))
     if m := _LITERAL.match(text):
         value = {"True": True, "False": False}.get(m[1])
-        return types.literal(int(m[1]) if value is None else value)
+        try:
+            return types.literal(int(m[1]) if value is None else value)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ValueError(f"warm-up plan: {text!r} is not a numba literal ({e})") from None
     return scalar(text)
 
 
@@ -174,7 +178,7 @@ class Recorder:
     """Context manager: records, per kernel, the device functions (and argument types) that the kernel's own code
     asks numba for while numba compiles it, in that order (also those compiled or loaded earlier in the process);
     ``plans`` is {kernel name: entries} afterwards. A kernel loaded from numba's cache is not compiled, so nothing
-    of it is recorded: record with a cold cache."""
+    of it is recorded: record with a cold cache, one compile at a time (the recorder follows one thread's)."""
 
     def __init__(self):
         self.plans: dict[str, list] = {}
@@ -265,7 +269,10 @@ class Warmup:
                 self.proc.terminate()
             except OSError:
                 pass
-            threading.Thread(target=_reap, args=(self.proc,), name="deep_gemm-warmup-reaper", daemon=True).start()
+            try:
+                threading.Thread(target=_reap, args=(self.proc,), name="deep_gemm-warmup-reaper", daemon=True).start()
+            except RuntimeError:  # the interpreter is shutting down: stop_all reaps it
+                pass
         else:
             _forget(self.proc)
         emit("warmup_stop", kernel=self.kernel)
@@ -290,9 +297,12 @@ def _forget(proc: subprocess.Popen) -> None:
 def _reap(proc: subprocess.Popen) -> None:
     try:
         proc.wait(_STOP_SECONDS)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired:  # stuck inside one entry: killed (its cache writes may then need repair)
         proc.kill()
-        proc.wait()
+        try:
+            proc.wait(_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            return
     _forget(proc)
 
 
@@ -326,13 +336,16 @@ def start(kernel: str) -> Warmup | None:
     # compiled or cached already, what is left is likely another variant's, and the compile is short anyway.
     if root is None or len(entries) < max(_MIN_PENDING, len(plan) / 2):
         return None
+    # NOTES: this deep_gemm, whatever the working directory or PYTHONPATH hold, with this interpreter's flags
     package_parent = str(Path(__file__).resolve().parent.parent.parent)
+    code = (f"import sys; sys.path.insert(0, {package_parent!r}); "
+            "from deep_gemm.jit.warmup import main; sys.exit(main())")
+    command = [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", code, str(os.getpid())]
     env = dict(os.environ, DG_JIT_CACHE_DIR=str(root), DG_JIT_WARMUP="0")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p)
     quiet = envs.DG_JIT_DEBUG.get() < 1
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "deep_gemm.jit.warmup", str(os.getpid())], stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL if quiet else None, env=env)
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL if quiet else None, env=env)
     except OSError as e:
         debug(1, f"{kernel}: warm-up helper not started ({type(e).__name__}: {e})")
         return None
@@ -352,8 +365,12 @@ def start(kernel: str) -> Warmup | None:
 # The helper process itself
 
 
-def _exit_on_term(signum, frame):
-    raise SystemExit(0)
+_stop_requested = False
+
+
+def _request_stop(signum, frame):
+    global _stop_requested
+    _stop_requested = True
 
 
 def _die_with_parent(parent: int | None) -> None:
@@ -366,14 +383,20 @@ def _die_with_parent(parent: int | None) -> None:
     except (OSError, AttributeError):  # not Linux: the helper ends with its plan
         pass
     if parent is not None and os.getppid() != parent:
-        raise SystemExit(0)
+        _request_stop(signal.SIGTERM, None)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Compile the plan on stdin (a JSON list of entries), last entry first; argv: the starting process's pid, if
-    any. Exit status 0 when every entry was tried (entries that failed are named on stderr; 1 when the plan itself
-    did not parse)."""
-    signal.signal(signal.SIGTERM, _exit_on_term)
+    any. Exit status 0 when every entry was tried or a stop was asked for (entries that failed are named on stderr;
+    1 when the plan itself did not parse).
+
+    NOTES: SIGTERM (a stop, or the parent's death) is honoured between entries, never inside one: a compile or a
+    cache write cut short would leave files the manifest does not vouch for, which the next reader reports as
+    damage. SIGINT is ignored: a Ctrl-C in the terminal reaches the whole process group, and the parent, which
+    decides what an interrupt means, stops the helper itself."""
+    signal.signal(signal.SIGTERM, _request_stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     argv = sys.argv[1:] if argv is None else argv
     _die_with_parent(int(argv[0]) if argv and argv[0].isdigit() else None)
     try:
@@ -387,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
 
     apply_numba_settings()
     for entry in reversed(entries):
+        if _stop_requested:
+            break
         try:
             module, qualname, texts = entry
             _dispatcher(module, qualname).compile(tuple(parse_type(t) for t in texts))

@@ -70,10 +70,10 @@ def _bootstrap(conn, context: dict, fn, args) -> None:
     _CONTEXT.clear()
     _CONTEXT.update(context)
     rank, num_ranks = context["rank"], context["num_ranks"]
-    # NOTES: the ranks are as many processes as there are CPUs (or more): a warm-up helper per compiling rank
-    # (jit/warmup.py) would only compete with them for the CPUs. A user's DG_JIT_WARMUP is respected.
+    # NOTES: a warm-up helper per compiling rank (jit/warmup.py) is a second process per rank: when the ranks and
+    # their helpers would outnumber the CPUs, the helpers only compete with the ranks. A user's DG_JIT_WARMUP stands.
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if num_ranks >= cpus:
+    if 2 * num_ranks > cpus:
         os.environ.setdefault("DG_JIT_WARMUP", "0")
     group = None
     try:

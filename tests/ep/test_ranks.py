@@ -266,12 +266,12 @@ def warmup_setting(rank, num_ranks):
     return os.environ.get("DG_JIT_WARMUP")
 
 
-def test_ranks_as_many_as_the_cpus_run_without_warm_up_helpers(monkeypatch):
+def test_ranks_that_would_share_cpus_with_their_helpers_run_without_them(monkeypatch):
     cpus = len(os.sched_getaffinity(0))
     monkeypatch.delenv("DG_JIT_WARMUP", raising=False)
-    assert spawn(warmup_setting, max(cpus, 2)) == ["0"] * max(cpus, 2)
-    if cpus > 1:
-        assert spawn(warmup_setting, 1) == [None]  # a spare CPU: the helper may run
+    for ranks in (1, 2):
+        expected = "0" if 2 * ranks > cpus else None  # ranks + a helper each vs the CPUs (2 ranks on 2 CPUs: "0")
+        assert spawn(warmup_setting, ranks) == [expected] * ranks
     monkeypatch.setenv("DG_JIT_WARMUP", "1")
     assert spawn(warmup_setting, 2) == ["1", "1"]  # the user's setting stands
 
