@@ -4,9 +4,9 @@ A kernel's first numba compile in a process with a cold cache spends about half 
 functions its code calls (``deep_gemm.device``: copies, Cube paths, FixPipe, Vector instructions), one after the
 other, as numba's type inference reaches each call. Those functions are cached on disk (numba_cache.py: the shared
 directory under the kernel cache root, writes under a lock, every read verified), so another process can compile
-them at the same time: when a compile announced by notice.py starts, ``start`` runs ``python -m
-deep_gemm.jit.warmup`` on a spare CPU with the kernel's plan, the (function, argument types) pairs its compile
-will ask for, in the order it asks. The helper works from the end of the plan while the kernel's compile starts
+them at the same time: when a compile announced by notice.py starts, ``start`` runs ``main`` below in a new
+interpreter on a spare CPU with the kernel's plan, the (function, argument types) pairs its compile will ask for,
+in the order it asks. The helper works from the end of the plan while the kernel's compile starts
 from its beginning; numba loads from disk whatever the helper finished first, and compiles the rest itself as
 before. Nothing depends on the helper: a plan that is stale, a helper that fails or is stopped, changes no result;
 the helper writes nothing but numba cache entries of deep_gemm's device functions.
@@ -168,7 +168,7 @@ def pending(entries: list) -> list:
                 sig = tuple(parse_type(t) for t in texts)
                 if sig in disp.overloads or _cached_on_disk(disp, sig):
                     continue
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, TypeError, AttributeError, ImportError):
             pass
         out.append(entry)
     return out
