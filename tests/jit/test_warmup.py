@@ -132,6 +132,11 @@ def test_start_declines_when_little_can_be_gained(monkeypatch):
     monkeypatch.setenv("DG_JIT_WARMUP", "0")
     assert warmup.start("k") is None
     monkeypatch.setenv("DG_JIT_WARMUP", "1")
+    from deep_gemm.jit import cache
+
+    with monkeypatch.context() as m:  # no writable root: kernels are built in memory, the helper could write nothing
+        m.setattr(cache, "cache_roots", lambda: cache.CacheRoots(None))
+        assert warmup.start("k") is None
     from deep_gemm.device.sync import SetFlag
 
     SetFlag.compile((types.int64, types.int64))  # compiled in this process: pending() leaves it out
