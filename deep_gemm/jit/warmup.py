@@ -245,6 +245,14 @@ def _usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def share_cpus_with(processes: int) -> None:
+    """Called in each of ``processes`` processes started together to compile (simulated ranks, precompile workers):
+    turn the helper off in this process when they and a helper each would outnumber the usable CPUs (a
+    DG_JIT_WARMUP the user set stands)."""
+    if 2 * processes > _usable_cpus():
+        os.environ.setdefault(envs.DG_JIT_WARMUP.name, "0")
+
+
 class Warmup:
     """A running helper; ``stop`` ends it (idempotent), ``wait`` lets it finish its plan."""
 

@@ -71,10 +71,10 @@ def _bootstrap(conn, context: dict, fn, args) -> None:
     _CONTEXT.update(context)
     rank, num_ranks = context["rank"], context["num_ranks"]
     # NOTES: a warm-up helper per compiling rank (jit/warmup.py) is a second process per rank: when the ranks and
-    # their helpers would outnumber the CPUs, the helpers only compete with the ranks. A user's DG_JIT_WARMUP stands.
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if 2 * num_ranks > cpus:
-        os.environ.setdefault("DG_JIT_WARMUP", "0")
+    # their helpers would outnumber the CPUs, the helpers only compete with the ranks.
+    from ..jit.warmup import share_cpus_with
+
+    share_cpus_with(num_ranks)
     group = None
     try:
         group = ShmGroup(context["control"], context["prefix"], rank, num_ranks, context["timeout"],

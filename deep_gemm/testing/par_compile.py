@@ -15,9 +15,13 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from .. import envs, runtime
 
 
-def _init_worker(num_ai_cores: int, arch: str) -> None:
+def _init_worker(num_ai_cores: int, arch: str, workers: int) -> None:
     # NOTES: workers are spawned (numba's threads do not survive fork), so the parent's runtime settings are
-    # replayed here; environment variables (DG_JIT_CACHE_DIR ...) are inherited by the spawn itself.
+    # replayed here; environment variables (DG_JIT_CACHE_DIR ...) are inherited by the spawn itself. Workers that
+    # with a warm-up helper each (jit/warmup.py) would outnumber the CPUs compile without one.
+    from ..jit.warmup import share_cpus_with
+
+    share_cpus_with(workers)
     runtime.set_npu_arch(arch)
     runtime.set_num_ai_cores(num_ai_cores)
 
@@ -68,7 +72,7 @@ def par_compile(callables: Iterable[Callable[[], object]], *, max_workers: int |
             report.step()
     else:
         context = multiprocessing.get_context("spawn")
-        initargs = (runtime.get_num_ai_cores(), runtime.get_npu_arch())
+        initargs = (runtime.get_num_ai_cores(), runtime.get_npu_arch(), workers)
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=initargs) as pool:
             futures = {pool.submit(_run_dry, fn): i for i, fn in enumerate(callables)}
             for future in as_completed(futures):

@@ -344,3 +344,17 @@ def test_a_helper_ends_when_its_process_is_killed(tmp_path):
         parent.wait()
     assert _wait_gone(pid, 15.0), "the helper outlived the process that started it"  # (its plan: a minute)
     _assert_cache_consistent(tmp_path)
+
+
+def _warmup_setting():
+    return os.environ.get("DG_JIT_WARMUP")
+
+
+def test_precompile_workers_that_would_share_cpus_with_helpers_run_without_them(monkeypatch):
+    from deep_gemm.testing import par_compile
+
+    monkeypatch.delenv("DG_JIT_WARMUP", raising=False)
+    expected = "0" if 2 * 2 > len(os.sched_getaffinity(0)) else None
+    assert par_compile([_warmup_setting] * 2, max_workers=2, progress=False) == [expected] * 2
+    monkeypatch.setenv("DG_JIT_WARMUP", "1")
+    assert par_compile([_warmup_setting] * 2, max_workers=2, progress=False) == ["1", "1"]
