@@ -20,7 +20,7 @@ start-up row.
 Wall and CPU times are both printed: other processes share these cores, and CPU time is the steadier figure under
 load. Each figure comes from its own child process with DG_JIT_CACHE_DIR set to a temporary directory. A cold first
 compile runs with the warm-up helper (deep_gemm/jit/warmup.py: a second process compiles the kernel's device functions
-on the other CPU) unless DG_JIT_WARMUP=0; its CPU time is printed beside the row.
+on the other CPU) unless DG_JIT_WARMUP=0; its CPU time is printed beside the row, and the same compile without it.
 
     python bench/jit_bench.py --record-plans  # rewrite deep_gemm/jit/warmup_plans.json from cold compiles
 """
@@ -377,13 +377,18 @@ def kernel_rows(name: str, reps: int, calls: int, root: Path) -> list[Row]:
     cold = run(COLD.format(setup=setup, reps=reps), cache_dir)
     med_wall, med_cpu = statistics.median(cold["wall"]), statistics.median(cold["cpu"])
     first_wall, first_cpu = cold["first"]
+    helpers = cold["stats"].get("warmup_start", 0)
+    reference = ""
+    if helpers:  # the same first compile without the helper, right after (a cache of its own), for comparison
+        off = run(COLD.format(setup=setup, reps=0), str(root / f"{name}-no-helper"), DG_JIT_WARMUP="0")
+        reference = f"; without the helper (DG_JIT_WARMUP=0, the next child) {off['first'][0]:.3f} s"
     compiles = [
         Row(f"{name}: cold compile, new specialization (median of {reps})", f"<= {new_target:g} s", med_wall, "s",
             med_wall <= new_target, f"{med_cpu:.2f} s cpu"),
         Row(f"{name}: cold compile, first in a fresh process, cold cache", f"<= {first_target:g} s", first_wall, "s",
             first_wall <= first_target,
-            f"{first_cpu:.2f} s cpu; warm-up helpers started: {cold['stats'].get('warmup_start', 0)}; child "
-            f"processes {cold['children_cpu']:.2f} s cpu over the child's run (the helpers, the C compiler)"),
+            f"{first_cpu:.2f} s cpu; warm-up helpers started: {helpers}; child processes "
+            f"{cold['children_cpu']:.2f} s cpu over the child's run (the helpers, the C compiler){reference}"),
     ]
     if not loaded_rows:
         return compiles

@@ -48,6 +48,9 @@ def test_jit_bench_checks_issue_28_compile_targets():
     # each child's setup is Python the cold-compile script can run (only children execute it)
     for name, setup in jit_bench.SETUP.items():
         compile(jit_bench.COLD.format(setup=setup, reps=1), f"<{name}>", "exec")
+    # and the warm-up plan recorder's (every setup, the record-only ones too)
+    for name, setup in {**jit_bench.SETUP, **jit_bench.PLAN_SETUP}.items():
+        compile(jit_bench.RECORD.format(setup=setup), f"<record {name}>", "exec")
 
 
 @pytest.mark.parametrize(("argv", "match"), [
