@@ -254,7 +254,7 @@ print(json.dumps({{"min": times[0], "median": times[len(times) // 2], "p90": tim
 """
 
 # One cold compile with deep_gemm.jit.warmup.Recorder on: the device functions each kernel's code asks for, in order
-# (the helper off, so that every one is compiled here and seen).
+# (record_plans runs it with the helper off: nothing else compiles beside it).
 RECORD = """
 import json
 {setup}
