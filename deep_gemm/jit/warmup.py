@@ -256,8 +256,8 @@ def share_cpus_with(processes: int) -> None:
 class Warmup:
     """A running helper; ``stop`` ends it (idempotent), ``wait`` lets it finish its plan."""
 
-    def __init__(self, proc: subprocess.Popen, kernel: str, entries: int):
-        self.proc, self.kernel, self.entries = proc, kernel, entries
+    def __init__(self, proc: subprocess.Popen, kernel: str):
+        self.proc, self.kernel = proc, kernel
         self.stopped = False
 
     def wait(self, timeout: float | None = None) -> int:
@@ -366,7 +366,7 @@ def start(kernel: str) -> Warmup | None:
         pass
     emit("warmup_start", kernel=kernel, entries=len(entries), pid=proc.pid)
     debug(1, f"{kernel}: warm-up helper {proc.pid} compiles {len(entries)} device functions from the end of the plan")
-    return Warmup(proc, kernel, len(entries))
+    return Warmup(proc, kernel)
 
 
 # ---------------------------------------------------------------------------------------------------------------
