@@ -5,8 +5,10 @@ each claimed from ``cores`` (the launch's int64[3] counter, jit/cruntime.py clai
 and then counts itself finished in ``cores[1]``. A launch on T threads is one job of T parts, each one call of the
 entry; the calling thread starts at once and the pool's workers join as they wake, so a worker that wakes late finds
 less (or nothing) left and the caller never waits for it to start. Once its own calls are done the caller watches
-``cores[1]`` for a short while before it blocks. A core's result never depends on which thread ran it (each core
-starts from its own state), so the output is the same bits whatever the thread count or claim order.
+``cores[1]`` for a short while before it blocks. A launch shape (entry, counts, int arguments) that runs faster on
+the caller alone, as short launches do where a woken thread starts late, is learned and then launched without waking
+the pool (see _SOLO_PROBE_S). A core's result never depends on which thread ran it (each core starts from its own
+state), so the output is the same bits whatever the thread count or claim order.
 
 NOTES: parts were fixed strides of cores (part i: cores i, i + T, ...) and the caller blocked on a lock until the
 last one ended. On a VM whose idle vCPUs halt at once a blocked thread is woken 20-60 us late: a worker started that
@@ -69,6 +71,22 @@ def _cpu_count() -> int:
 # NOTES: how long a caller that finished its own entry calls watches the counter for the other threads' calls to
 # finish before it blocks (a blocked caller is woken 20-60 us late here). Longer launches block as before.
 _WATCH_S = 100e-6
+
+# NOTES: short launches on the caller alone. A worker woken for a launch of a few tens of microseconds joins when
+# the caller is nearly done and takes the GIL for its claim; the caller, back from its entry, then waits for the GIL
+# and is woken late in turn (traced: the HC pre-norm GEMM's reduction phase, 17 us on one thread, took 50 us with
+# the worker: the caller's own entry call 36 us, the worker's part 1.5 us, skipped). So the launcher learns, per
+# launch shape (the entry, the core and thread counts, the arguments that are ints: the shape and strides), which
+# way is faster: the first _SAMPLES launches of a shape are threaded, and when their median is below _SOLO_PROBE_S
+# the next _SAMPLES run on the caller alone; the shape then stays solo when the solo median is below _SOLO_MARGIN
+# times the threaded one (a threaded launch's time has a long tail: the worker's wake-up), else threaded. A solo
+# launch that took longer than _SOLO_PROBE_S (work that depends on the data, not only on the ints) forgets its
+# shape, which learns again. Results do not depend on it: a core's result never depends on which thread ran it.
+_SOLO_PROBE_S = 200e-6
+_SAMPLES = 3
+_SOLO_MARGIN = 1.25
+_MAX_SHAPES = 4096  # learned shapes kept (all forgotten past it)
+_clock = time.perf_counter  # the learning's clock (tests replace it)
 
 
 def _core_counter() -> np.ndarray:
@@ -166,6 +184,9 @@ class CoreLauncher:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
         self._lock = threading.Lock()
+        # A launch shape's way (module NOTES): a list of the times of its first launches while it learns, then
+        # True (solo) or False (threaded).
+        self._ways: dict[tuple, list[float] | bool] = {}
 
     def _ensure(self, count: int) -> None:
         if len(self._workers) >= count:
@@ -187,6 +208,48 @@ class CoreLauncher:
             # NOTES: one native call: Python handles a SIGINT only after it returns, so it is atomic already.
             entry(*args, _core_counter())
             return
+        # NOTES: the entry's id (a native phase function is not hashable); a freed kernel's id reused by another
+        # only costs that shape one relearning.
+        shape = (id(entry), num_cores, threads, *[a for a in args if type(a) is int])
+        way = self._ways.get(shape)
+        if way is True or (way is not None and way is not False and len(way) >= _SAMPLES):
+            self._launch_solo(entry, args, shape, way)
+            return
+        start = _clock()
+        self._launch_threaded(entry, num_cores, threads, args)
+        if way is not False:
+            self._learn(shape, way, _clock() - start)
+
+    def _launch_solo(self, entry, args: tuple, shape: tuple, way: list[float] | bool) -> None:
+        """The launch on the caller alone (one native call: atomic under SIGINT, as a one-thread launch), timed."""
+        start = _clock()
+        entry(*args, _core_counter())
+        took = _clock() - start
+        if way is not True:
+            self._learn(shape, way, took)
+        elif took > _SOLO_PROBE_S:
+            self._ways.pop(shape, None)
+
+    def _learn(self, shape: tuple, times: list[float] | None, took: float) -> None:
+        """Add the time of a shape's learning launch (threaded for the first _SAMPLES, then solo); decide after
+        each way's last."""
+        if times is None:
+            if len(self._ways) >= _MAX_SHAPES:
+                self._ways.clear()
+            self._ways[shape] = [took]
+            return
+        # NOTES: >= and slices, not ==: Python threads launching the same shape at once may each append
+        times.append(took)
+        if len(times) < _SAMPLES:
+            return
+        threaded = sorted(times[:_SAMPLES])[_SAMPLES // 2]
+        if threaded >= _SOLO_PROBE_S:
+            self._ways[shape] = False
+        elif len(times) >= 2 * _SAMPLES:
+            self._ways[shape] = sorted(times[_SAMPLES:2 * _SAMPLES])[_SAMPLES // 2] < _SOLO_MARGIN * threaded
+
+    def _launch_threaded(self, entry, num_cores: int, threads: int, args: tuple) -> None:
+        """The launch on ``threads`` threads: the caller and the pool's workers, SIGINT held on the main thread."""
         job = _Job(entry, args, threads, num_cores)
         with interrupt.HeldSigint():
             finished = False
@@ -228,6 +291,7 @@ class CoreLauncher:
         self._jobs = queue.SimpleQueue()
         self._workers = []
         self._lock = threading.Lock()
+        self._ways = {}
 
 
 LAUNCHER = CoreLauncher()

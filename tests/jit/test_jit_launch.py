@@ -22,6 +22,9 @@ from deep_gemm.jit import launch
 @pytest.fixture
 def two_threads(monkeypatch):
     monkeypatch.setattr(launch, "num_threads", lambda: 2)
+    # every launch threaded (no shape is short enough to be tried on the caller alone): these tests' entries wait
+    # for a worker
+    monkeypatch.setattr(launch, "_SOLO_PROBE_S", 0.0)
 
 
 _claim_lock = threading.Lock()
@@ -217,3 +220,120 @@ def test_ctrl_c_during_gemms_never_tears_an_output_nor_hangs(session_cache_dir):
     assert result["interrupted"] > 0
     assert result["torn"] == 0 and result["wrong_after"] == 0, result
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+
+
+# --- short launch shapes on the caller alone (launch.py's _SOLO_PROBE_S NOTES) ---------------------------------------
+
+
+@pytest.fixture
+def learning(monkeypatch):
+    """Two threads, a fresh table of learned shapes and a fake clock: a threaded launch of the test's entry takes
+    cost["threaded"] s, one on the caller alone cost["solo"] s. ``ways`` records each launch: "T" (threaded) or "S"
+    (the caller alone); ``ran`` the threads that ran its cores."""
+    monkeypatch.setattr(launch, "num_threads", lambda: 2)
+    monkeypatch.setattr(launch.LAUNCHER, "_ways", {})
+    now = [0.0]
+    monkeypatch.setattr(launch, "_clock", lambda: now[0])
+    cost = {"threaded": 50e-6, "solo": 17e-6}
+    ways, ran, in_threaded = [], [], []
+    original = launch.CoreLauncher._launch_threaded
+
+    def threaded(self, *args):
+        ways.append("T")
+        in_threaded.append(1)
+        try:
+            original(self, *args)
+        finally:
+            in_threaded.pop()
+        now[0] += cost["threaded"]
+
+    monkeypatch.setattr(launch.CoreLauncher, "_launch_threaded", threaded)
+
+    def entry(out, n, cores):
+        if not in_threaded:
+            ways.append("S")
+            now[0] += cost["solo"]
+        while (core := _claim(cores)) < out.size:
+            ran.append(threading.get_ident())
+            out[core] += n
+        with _claim_lock:
+            cores[1] += 1  # the kernels' finish_part
+
+    return {"cost": cost, "ways": ways, "ran": ran, "entry": entry}
+
+
+def test_a_short_launch_shape_is_learned_on_the_caller_alone(learning):
+    out = np.zeros(6, np.int64)
+    for _ in range(10):
+        learning["ran"].clear()
+        launch.LAUNCHER.launch(learning["entry"], 6, (out, 1))
+    # three threaded launches, three on the caller alone, then the faster way (alone: 17 < 50 us)
+    assert "".join(learning["ways"]) == "TTT" + "S" * 7
+    assert out.tolist() == [10] * 6
+    assert learning["ran"] == [threading.get_ident()] * 6  # the last launch ran every core on the caller
+
+
+def test_a_shape_faster_on_threads_stays_threaded(learning):
+    learning["cost"].update(threaded=20e-6, solo=40e-6)
+    out = np.zeros(4, np.int64)
+    for _ in range(10):
+        launch.LAUNCHER.launch(learning["entry"], 4, (out, 1))
+    assert "".join(learning["ways"]) == "TTT" + "SSS" + "TTTT"
+    assert out.tolist() == [10] * 4
+
+
+def test_a_long_launch_shape_is_never_tried_alone(learning):
+    learning["cost"]["threaded"] = 2 * launch._SOLO_PROBE_S
+    out = np.zeros(4, np.int64)
+    for _ in range(8):
+        launch.LAUNCHER.launch(learning["entry"], 4, (out, 1))
+    assert "".join(learning["ways"]) == "T" * 8
+    assert out.tolist() == [8] * 4
+
+
+def test_a_solo_shape_that_runs_long_learns_again(learning):
+    # work that depends on the data, not on the int arguments: one solo launch took longer than _SOLO_PROBE_S
+    out = np.zeros(4, np.int64)
+    for _ in range(7):
+        launch.LAUNCHER.launch(learning["entry"], 4, (out, 1))
+    learning["cost"]["solo"] = 2 * launch._SOLO_PROBE_S
+    launch.LAUNCHER.launch(learning["entry"], 4, (out, 1))
+    learning["cost"]["solo"] = 17e-6
+    for _ in range(7):
+        launch.LAUNCHER.launch(learning["entry"], 4, (out, 1))
+    assert "".join(learning["ways"]) == "TTTSSSS" + "S" + "TTTSSSS"
+    assert out.tolist() == [15] * 4
+
+
+def test_launch_shapes_differ_by_their_int_arguments(learning):
+    out = np.zeros(4, np.int64)
+    for _ in range(7):
+        launch.LAUNCHER.launch(learning["entry"], 4, (out, 1))
+    launch.LAUNCHER.launch(learning["entry"], 4, (out, 2))  # another int: another shape, learned from the start
+    launch.LAUNCHER.launch(learning["entry"], 4, (out, 1))
+    launch.LAUNCHER.launch(learning["entry"], 5, (out, 1))  # another core count: another shape
+    assert "".join(learning["ways"]) == "TTTSSSS" + "T" + "S" + "T"
+    assert out.tolist() == [11] * 4
+
+
+def test_an_fp8_gemm_is_bitwise_the_same_threaded_and_on_the_caller_alone(monkeypatch):
+    # The real kernel's launches through the learning: every shape tried alone after three threaded launches and
+    # kept alone (a probe limit and margin no launch can miss), each result the same bits as the first
+    import deep_gemm
+    from deep_gemm.utils import per_token_cast_to_fp8
+
+    monkeypatch.setattr(launch, "num_threads", lambda: 2)
+    monkeypatch.setattr(launch.LAUNCHER, "_ways", {})
+    monkeypatch.setattr(launch, "_SOLO_PROBE_S", 1e9)
+    monkeypatch.setattr(launch, "_SOLO_MARGIN", 1e9)
+    rng = np.random.default_rng(2)
+    a = per_token_cast_to_fp8(rng.standard_normal((40, 256), dtype=np.float32), use_ue8m0=True, gran_k=32)
+    b = per_token_cast_to_fp8(rng.standard_normal((96, 256), dtype=np.float32), use_ue8m0=True, gran_k=32)
+    first = np.empty((40, 96), ml_dtypes.bfloat16)
+    deep_gemm.fp8_gemm_nt(a, b, first)
+    d = np.empty_like(first)
+    for _ in range(7):
+        d.fill(0)
+        deep_gemm.fp8_gemm_nt(a, b, d)
+        assert (d.view(np.uint16) == first.view(np.uint16)).all()
+    assert True in launch.LAUNCHER._ways.values()
