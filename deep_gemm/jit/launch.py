@@ -25,7 +25,8 @@ the CPU (OpenMP's spinning barrier took milliseconds there).
 
 Guarantees (the reliability contract):
 - A launch either completes (every part ran) or raises; nothing a later launch does or sees depends on an earlier
-  one: each launch is its own ``_Job`` object with its own completion count, never a slot shared by launches.
+  one: each launch is its own ``_Job`` object with its own completion count, never a slot shared by launches. (Only
+  the choice of threads or the caller alone is learned from earlier launches' times; no result depends on it.)
 - Ctrl-C: a kernel part is native code that Python cannot stop halfway. In a cancellable call (jit/interrupt.py:
   a long one) the parts all run on workers while the main thread waits, and a SIGINT sets the kernels' cancel flag:
   they stop at their next tile, the launch raises KeyboardInterrupt and the call restores its outputs. Otherwise, on
