@@ -62,6 +62,15 @@ def session_cache_dir() -> str:
     return os.environ["DG_JIT_CACHE_DIR"]
 
 
+@pytest.fixture(autouse=True)
+def _fresh_launch_shapes(monkeypatch):
+    """Each test learns its launch shapes anew (jit/launch.py: threads or the caller alone): no test's launches
+    follow the timings of the tests that ran before it in the same process."""
+    from deep_gemm.jit import launch
+
+    monkeypatch.setattr(launch.LAUNCHER, "_ways", {})
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # --compile-report: where the time goes. Each test's counts are taken in the process that ran it (an xdist worker)
 # and travel to the controller with its teardown report.

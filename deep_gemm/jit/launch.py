@@ -32,7 +32,8 @@ Guarantees (the reliability contract):
   they stop at their next tile, the launch raises KeyboardInterrupt and the call restores its outputs. Otherwise, on
   the main thread, SIGINT is held for the few milliseconds of a launch and delivered to the previous handler
   (KeyboardInterrupt by default) once every part has finished: the caller gets KeyboardInterrupt with a complete
-  output. Either way the pool survives.
+  output. A launch on one thread (or on the caller alone) is one native call, which Python does not interrupt: a
+  SIGINT to a Python handler is handled once it has returned. Either way the pool survives.
 - Several Python threads may launch at once: their jobs share the pool's workers, and each caller also runs parts
   of its own job, so no launch waits for another one to finish and every CPU thread stays in use.
 """
@@ -45,6 +46,7 @@ import queue
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -81,14 +83,47 @@ _WATCH_S = 100e-6
 # way is faster: after a first launch (threaded, not timed: its caches are cold) the next _SAMPLES are threaded, and
 # when their median is below _SOLO_PROBE_S the next _SAMPLES run on the caller alone; the shape then stays solo when
 # the solo median is below _SOLO_MARGIN times the threaded one (a threaded launch's time has a long tail: the
-# worker's wake-up), else threaded (FP8 GEMM 4 x 1024 x 512 here: 89 us threaded, 121 us alone). A solo
-# launch that took longer than _SOLO_PROBE_S (work that depends on the data, not only on the ints) forgets its
-# shape, which learns again. Results do not depend on it: a core's result never depends on which thread ran it.
+# worker's wake-up), else threaded (FP8 GEMM 4 x 1024 x 512 here: 89 us threaded, 121 us alone). A solo sample
+# over _SOLO_STOP times the threaded median ends the trial at once (many threads: a solo launch costs up to T times
+# more).
+# Work can depend on the data, not only on the ints (masked rows, context lengths): a solo launch slower than
+# _SOLO_SLOW times the solo median (or than _SOLO_PROBE_S) adds 1 to the shape's slow score, which decays by
+# _SLOW_DECAY a launch, and at _SLOW_PIN the shape is threaded for good, as every launch was before; isolated
+# hiccups of the machine decay away. Results do not depend on any of it: a core's result never depends on which
+# thread ran it.
 _SOLO_PROBE_S = 200e-6
 _SAMPLES = 3
 _SOLO_MARGIN = 1.1
+_SOLO_STOP = 2.0
+_SOLO_SLOW = 3.0
+_SLOW_DECAY = 0.99
+_SLOW_PIN = 2.5
 _MAX_SHAPES = 4096  # learned shapes kept (all forgotten past it)
 _clock = time.perf_counter  # the learning's clock (tests replace it)
+
+
+def _median(times: list[float]) -> float:
+    return sorted(times)[len(times) // 2]
+
+
+class _Way:
+    """What the launcher learned of one launch shape (the NOTES above): ``alone`` None while it learns (``threaded``
+    and ``solo`` sample lists), then True (on the caller alone; ``solo_median``, ``slow`` its decaying count of slow
+    launches) or False (threaded for good). ``entry`` a weak reference to the shape's entry: a key holds its id, which
+    a freed kernel's successor may get again."""
+
+    __slots__ = ("entry", "threaded", "solo", "alone", "solo_median", "slow")
+
+    def __init__(self, entry):
+        try:
+            self.entry = weakref.ref(entry)
+        except TypeError:  # an entry without weak references (none of the kernels'): held, at most _MAX_SHAPES
+            self.entry = lambda: entry
+        self.threaded: list[float] = []
+        self.solo: list[float] = []
+        self.alone: bool | None = None
+        self.solo_median = 0.0
+        self.slow = 0.0
 
 
 def _core_counter() -> np.ndarray:
@@ -186,9 +221,9 @@ class CoreLauncher:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
         self._lock = threading.Lock()
-        # A launch shape's way (module NOTES): a list of the times of its launches while it learns, then True
-        # (solo) or False (threaded).
-        self._ways: dict[tuple, list[float] | bool] = {}
+        # What is learned of each launch shape (module NOTES), and the lock of its samples
+        self._ways: dict[tuple, _Way] = {}
+        self._learn_lock = threading.Lock()
 
     def _ensure(self, count: int) -> None:
         if len(self._workers) >= count:
@@ -210,45 +245,54 @@ class CoreLauncher:
             # NOTES: one native call: Python handles a SIGINT only after it returns, so it is atomic already.
             entry(*args, _core_counter())
             return
-        # NOTES: the entry's id (a native phase function is not hashable); a freed kernel's id reused by another
-        # only costs that shape one relearning.
+        # NOTES: the entry's id (a native phase function is not hashable); _Way checks that it is still this entry.
         shape = (id(entry), num_cores, threads, *[a for a in args if type(a) is int])
         way = self._ways.get(shape)
-        if way is True or (way is not None and way is not False and len(way) >= _SAMPLES):
-            self._launch_solo(entry, args, shape, way)
-            return
-        start = _clock()
-        self._launch_threaded(entry, num_cores, threads, args)
-        if way is not False:
-            self._learn(shape, way, _clock() - start)
-
-    def _launch_solo(self, entry, args: tuple, shape: tuple, way: list[float] | bool) -> None:
-        """The launch on the caller alone (one native call: atomic under SIGINT, as a one-thread launch), timed."""
-        start = _clock()
-        entry(*args, _core_counter())
-        took = _clock() - start
-        if way is not True:
-            self._learn(shape, way, took)
-        elif took > _SOLO_PROBE_S:
-            self._ways.pop(shape, None)
-
-    def _learn(self, shape: tuple, times: list[float] | None, took: float) -> None:
-        """Add the time of a shape's learning launch (its first not kept, then threaded for _SAMPLES, then solo);
-        decide after each way's last."""
-        if times is None:
+        if way is None or way.entry() is not entry:
+            self._launch_threaded(entry, num_cores, threads, args)
             if len(self._ways) >= _MAX_SHAPES:
                 self._ways.clear()
-            self._ways[shape] = []
+            self._ways[shape] = _Way(entry)  # a first launch is not a sample (cold caches)
             return
-        # NOTES: >= and slices, not ==: Python threads launching the same shape at once may each append
-        times.append(took)
-        if len(times) < _SAMPLES:
+        alone = way.alone
+        if alone is False:
+            self._launch_threaded(entry, num_cores, threads, args)
             return
-        threaded = sorted(times[:_SAMPLES])[_SAMPLES // 2]
-        if threaded >= _SOLO_PROBE_S:
-            self._ways[shape] = False
-        elif len(times) >= 2 * _SAMPLES:
-            self._ways[shape] = sorted(times[_SAMPLES:2 * _SAMPLES])[_SAMPLES // 2] < _SOLO_MARGIN * threaded
+        threaded_sample = alone is None and len(way.threaded) < _SAMPLES
+        start = _clock()
+        if threaded_sample:
+            self._launch_threaded(entry, num_cores, threads, args)
+        else:
+            # NOTES: one native call, as a one-thread launch: a SIGINT is handled once it has returned.
+            entry(*args, _core_counter())
+        took = _clock() - start
+        if alone is None:
+            self._learn(way, threaded_sample, took)
+        elif took > _SOLO_SLOW * way.solo_median or took > _SOLO_PROBE_S:
+            way.slow = way.slow * _SLOW_DECAY + 1.0
+            if way.slow >= _SLOW_PIN:
+                way.alone = False
+        else:
+            way.slow *= _SLOW_DECAY
+
+    def _learn(self, way: _Way, threaded: bool, took: float) -> None:
+        """Add a learning launch's time to the shape's threaded or solo samples; decide when they are complete, or
+        as soon as a solo sample shows the caller alone is slower."""
+        with self._learn_lock:
+            samples = way.threaded if threaded else way.solo
+            if way.alone is not None or len(samples) >= _SAMPLES:
+                return  # another Python thread's launch of this shape completed them
+            samples.append(took)
+            if threaded:
+                if len(samples) == _SAMPLES and _median(samples) >= _SOLO_PROBE_S:
+                    way.alone = False
+                return
+            limit = _median(way.threaded)
+            if took > _SOLO_STOP * limit:
+                way.alone = False
+            elif len(samples) == _SAMPLES:
+                way.solo_median = _median(samples)
+                way.alone = way.solo_median < _SOLO_MARGIN * limit
 
     def _launch_threaded(self, entry, num_cores: int, threads: int, args: tuple) -> None:
         """The launch on ``threads`` threads: the caller and the pool's workers, SIGINT held on the main thread."""
@@ -294,6 +338,7 @@ class CoreLauncher:
         self._workers = []
         self._lock = threading.Lock()
         self._ways = {}
+        self._learn_lock = threading.Lock()
 
 
 LAUNCHER = CoreLauncher()

@@ -1,8 +1,9 @@
 """Child process of the Ctrl-C tests: interrupts FP8 GEMMs with timed SIGINTs and checks every later result.
 
-Usage: python sigint_child.py ITERATIONS. Prints one JSON line: iterations, interrupted (KeyboardInterrupt caught),
-torn (a GEMM output that was neither untouched nor completely right), wrong_after (a later GEMM whose output was not
-exactly right). A hang is the parent's timeout.
+Usage: python sigint_child.py ITERATIONS [solo]. Prints one JSON line: iterations, interrupted (KeyboardInterrupt
+caught), torn (a GEMM output that was neither untouched nor completely right), wrong_after (a later GEMM whose output
+was not exactly right), solo_shapes / other_shapes (launch shapes whose launches run on the caller alone / threaded:
+with ``solo`` every shape ends on the caller alone, jit/launch.py). A hang is the parent's timeout.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ def operands(rng, m, n, k):
     return a, b
 
 
-def main(iterations: int) -> dict:
+def main(iterations: int, solo: bool = False) -> dict:
+    from deep_gemm.jit import launch
+
+    if solo:  # limits no launch can miss: every shape ends on the caller alone
+        launch._SOLO_PROBE_S = launch._SOLO_MARGIN = launch._SOLO_STOP = 1e9
     rng = np.random.default_rng(0)
     big_a, big_b = operands(rng, 256, 512, 1024)
     small_a, small_b = operands(rng, 64, 64, 128)
@@ -64,9 +69,12 @@ def main(iterations: int) -> dict:
         deep_gemm.fp8_gemm_nt(small_a, small_b, d_small)
         if not (d_small.view(np.uint16) == expected_small).all():
             wrong_after += 1
+    # NOTES: a shape still learning runs alone once its threaded samples are in (an interrupted launch adds none)
+    alone = [way.alone is True or (way.alone is None and len(way.threaded) >= launch._SAMPLES)
+             for way in launch.LAUNCHER._ways.values()]
     return {"iterations": iterations, "interrupted": interrupted, "torn": torn, "wrong_after": wrong_after,
-            "launch_ms": round(duration * 1e3, 3)}
+            "launch_ms": round(duration * 1e3, 3), "solo_shapes": alone.count(True), "other_shapes": alone.count(False)}
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(int(sys.argv[1]))))
+    print(json.dumps(main(int(sys.argv[1]), solo=sys.argv[2:] == ["solo"])))
