@@ -75,22 +75,20 @@ def _cpu_count() -> int:
 # finish before it blocks (a blocked caller is woken 20-60 us late here). Longer launches block as before.
 _WATCH_S = 100e-6
 
-# NOTES: short launches on the caller alone. A worker woken for a launch of a few tens of microseconds joins when
-# the caller is nearly done and takes the GIL for its claim; the caller, back from its entry, then waits for the GIL
-# and is woken late in turn (traced: the HC pre-norm GEMM's reduction phase, 17 us on one thread, took 50 us with
-# the worker: the caller's own entry call 36 us, the worker's part 1.5 us, skipped). So the launcher learns, per
-# launch shape (the entry, the core and thread counts, the arguments that are ints: the shape and strides), which
-# way is faster: after a first launch (threaded, not timed: its caches are cold) the next _SAMPLES are threaded, and
-# when their median is below _SOLO_PROBE_S the next _SAMPLES run on the caller alone; the shape then stays solo when
-# the solo median is below _SOLO_MARGIN times the threaded one (a threaded launch's time has a long tail: the
-# worker's wake-up), else threaded (FP8 GEMM 4 x 1024 x 512 here: 89 us threaded, 121 us alone). A solo sample
-# over _SOLO_STOP times the threaded median ends the trial at once (many threads: a solo launch costs up to T times
-# more).
-# Work can depend on the data, not only on the ints (masked rows, context lengths): a solo launch slower than
-# _SOLO_SLOW times the solo median (or than _SOLO_PROBE_S) adds 1 to the shape's slow score, which decays by
-# _SLOW_DECAY a launch, and at _SLOW_PIN the shape is threaded for good, as every launch was before; isolated
-# hiccups of the machine decay away. Results do not depend on any of it: a core's result never depends on which
-# thread ran it.
+# NOTES: short launches on the caller alone. A worker woken for a launch of a few tens of microseconds joins when the
+# caller is nearly done and takes the GIL for its claim; the caller, back from its entry, then waits for the GIL and
+# is woken late in turn (traced: the HC pre-norm GEMM's reduction phase, 17 us on one thread, took 50 us with the
+# worker: the caller's own entry call 36 us, the worker's part 1.5 us, skipped). So the launcher learns, per launch
+# shape (the entry, the core and thread counts, the arguments that are ints: the shape and strides), which way is
+# faster: after a first launch (threaded, not timed: its caches are cold) the next _SAMPLES are threaded, and when
+# their median is below _SOLO_PROBE_S the next _SAMPLES run on the caller alone; the shape then stays solo when the
+# solo median is below _SOLO_MARGIN times the threaded one (a threaded launch's time has a long tail: the worker's
+# wake-up), else threaded (FP8 GEMM 4 x 1024 x 512 here: 89 us threaded, 121 us alone). A solo sample over _SOLO_STOP
+# times the threaded median ends the trial at once (many threads: a solo launch costs up to T times more). Work can
+# depend on the data, not only on the ints (masked rows, context lengths): a solo launch slower than _SOLO_SLOW times
+# the solo median (or than _SOLO_PROBE_S) adds 1 to the shape's slow score, which decays by _SLOW_DECAY a launch, and
+# at _SLOW_PIN the shape is threaded for good, as every launch was before; isolated hiccups of the machine decay away.
+# Results do not depend on any of it: a core's result never depends on which thread ran it.
 _SOLO_PROBE_S = 200e-6
 _SAMPLES = 3
 _SOLO_MARGIN = 1.1
