@@ -106,11 +106,11 @@ def _median(times: list[float]) -> float:
 
 class _Way:
     """What the launcher learned of one launch shape (the NOTES above): ``alone`` None while it learns (``threaded``
-    and ``solo`` sample lists), then True (on the caller alone; ``solo_median``, ``slow`` its decaying count of slow
-    launches) or False (threaded for good). ``entry`` a weak reference to the shape's entry: a key holds its id, which
-    a freed kernel's successor may get again."""
+    and ``solo`` sample lists), then True (on the caller alone; ``slow_after`` the time over which a launch counts
+    as slow, ``slow`` its decaying count of slow launches) or False (threaded for good). ``entry`` a weak reference
+    to the shape's entry: a key holds its id, which a freed kernel's successor may get again."""
 
-    __slots__ = ("entry", "threaded", "solo", "alone", "solo_median", "slow")
+    __slots__ = ("entry", "threaded", "solo", "alone", "slow_after", "slow")
 
     def __init__(self, entry):
         try:
@@ -120,7 +120,7 @@ class _Way:
         self.threaded: list[float] = []
         self.solo: list[float] = []
         self.alone: bool | None = None
-        self.solo_median = 0.0
+        self.slow_after = 0.0
         self.slow = 0.0
 
 
@@ -266,7 +266,7 @@ class CoreLauncher:
         took = _clock() - start
         if alone is None:
             self._learn(way, threaded_sample, took)
-        elif took > _SOLO_SLOW * way.solo_median or took > _SOLO_PROBE_S:
+        elif took > way.slow_after:
             way.slow = way.slow * _SLOW_DECAY + 1.0
             if way.slow >= _SLOW_PIN:
                 way.alone = False
@@ -289,8 +289,9 @@ class CoreLauncher:
             if took > _SOLO_STOP * limit:
                 way.alone = False
             elif len(samples) == _SAMPLES:
-                way.solo_median = _median(samples)
-                way.alone = way.solo_median < _SOLO_MARGIN * limit
+                solo = _median(samples)
+                way.slow_after = min(_SOLO_SLOW * solo, _SOLO_PROBE_S)
+                way.alone = solo < _SOLO_MARGIN * limit
 
     def _launch_threaded(self, entry, num_cores: int, threads: int, args: tuple) -> None:
         """The launch on ``threads`` threads: the caller and the pool's workers, SIGINT held on the main thread."""
